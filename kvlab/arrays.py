@@ -14,6 +14,8 @@ import numpy as np
 
 NUMPY_BF16 = np.dtype(ml_dtypes.bfloat16)
 NUMPY_E4M3 = np.dtype(ml_dtypes.float8_e4m3fn)
+#: largest finite bfloat16 (0x7F7F)
+BF16_MAX = float(ml_dtypes.finfo(ml_dtypes.bfloat16).max)
 
 
 def _is_torch(x) -> bool:

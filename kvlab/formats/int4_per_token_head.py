@@ -11,6 +11,7 @@ Write path per head vector ``x`` (float32 arithmetic where noted):
 1. ``y = H · (s ⊙ x)`` in float64, rounded to the input dtype (bf16/fp16;
    float32 stays float32) — what vLLM does before quantizing.
 2. ``scale = max((mx − mn) / 15, 1e-6)`` in float32.
+   (saturated to the dtype's finite range: see :func:`round_to_input_dtype`).
 3. ``zp = clamp(round_half_away(−mn / scale), 0, 15)`` (float32 division).
 4. ``q = clamp(round_half_away(y · (1/scale) + zp), 0, 15)`` — the product and
    the sum each rounded to float32 (no fused multiply-add; the kernels use
@@ -40,11 +41,17 @@ SCALE_FLOOR = np.float32(1e-6)
 
 
 def round_to_input_dtype(y64: np.ndarray, dtype) -> np.ndarray:
-    """The rotated vector rounded as vLLM stores it: to bf16/fp16, else float32. Returns float32."""
+    """The rotated vector rounded as vLLM stores it: to bf16/fp16, else float32. Returns float32.
+
+    Saturating: values beyond the dtype's finite range become ± its max (vLLM would store
+    ±inf and produce a NaN scale; kvlab defines the result instead). The RHT grows the
+    largest element by up to ``d``, so fp16 inputs above ``65504 / d`` can reach this.
+    """
     dt = np.dtype(dtype)
-    if dt == arrays.NUMPY_BF16 or dt == np.float16:
-        return y64.astype(dt).astype(np.float32)
-    return y64.astype(np.float32)
+    if dt not in (arrays.NUMPY_BF16, np.dtype(np.float16)):
+        dt = np.dtype(np.float32)
+    big = float(np.finfo(dt).max) if dt != arrays.NUMPY_BF16 else float(arrays.BF16_MAX)
+    return np.clip(y64, -big, big).astype(dt).astype(np.float32)
 
 
 def int4_qparams(y: np.ndarray):
@@ -52,7 +59,10 @@ def int4_qparams(y: np.ndarray):
     y = np.asarray(y, dtype=np.float32)
     mn = y.min(axis=-1)
     mx = y.max(axis=-1)
-    scale = np.maximum((mx - mn) / np.float32(15.0), SCALE_FLOOR).astype(np.float32)
+    with np.errstate(over="ignore"):
+        rng = (mx - mn).astype(np.float32)  # can overflow to inf only for |y| near float32 max
+    rng = np.minimum(rng, np.float32(np.finfo(np.float32).max))
+    scale = np.maximum(rng / np.float32(15.0), SCALE_FLOOR).astype(np.float32)
     zp = np.clip(round_half_away((-mn / scale).astype(np.float32)), 0, 15).astype(np.uint8)
     return scale, zp
 

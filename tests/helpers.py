@@ -1,0 +1,86 @@
+"""Test helpers: random ragged paged batches (shared by the reference and GPU tests)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import kvlab
+
+
+@dataclass
+class PagedBatch:
+    """A ragged batch written into a paged cache.
+
+    k, v: per sequence, float32 ``(seq_len, num_kv_heads, d)`` as written (before quantization);
+    q: ``(num_tokens, num_q_heads, d)`` float32; slots: per sequence int64 ``(seq_len,)``.
+    """
+
+    fmt: object
+    kv_cache: np.ndarray
+    block_table: np.ndarray
+    seq_lens: np.ndarray
+    query_start_loc: np.ndarray
+    q: np.ndarray
+    k: list
+    v: list
+    slots: list
+    k_scale: float = 1.0
+    v_scale: float = 1.0
+
+
+def make_paged_batch(rng, fmt_name, seq_lens, query_lens, num_kv_heads, gqa, head_size, block_size,
+                     dtype=np.float32, extra_blocks=3, k_scale=1.0, v_scale=1.0, scale=1.0):
+    """Random K/V/Q; blocks drawn at random from a shuffled pool; cache written with the reference."""
+    fmt = kvlab.get_format(fmt_name)
+    seq_lens = np.asarray(seq_lens, np.int32)
+    query_lens = np.asarray(query_lens, np.int32)
+    nblk = -(-seq_lens // block_size)
+    num_blocks = int(nblk.sum()) + extra_blocks
+    pool = rng.permutation(num_blocks)
+    maxb = int(nblk.max(initial=1)) + 1
+    block_table = np.full((len(seq_lens), maxb), -7, np.int32)  # unused entries: garbage
+    ks, vs, slots = [], [], []
+    used = 0
+    for i, L in enumerate(seq_lens):
+        blocks = pool[used: used + nblk[i]]
+        used += nblk[i]
+        block_table[i, : nblk[i]] = blocks
+        pos = np.arange(L)
+        slots.append(blocks[pos // block_size].astype(np.int64) * block_size + pos % block_size)
+        ks.append((rng.standard_normal((L, num_kv_heads, head_size)) * scale).astype(dtype))
+        vs.append((rng.standard_normal((L, num_kv_heads, head_size)) * scale).astype(dtype))
+    cache = kvlab.allocate_cache(fmt, num_blocks, block_size, num_kv_heads, head_size,
+                                 dtype=None if not fmt.stores_model_dtype else kvlab.arrays.dtype_name(np.zeros(1, dtype)))
+    # random bytes, not zeros: positions never written must never be read
+    if not fmt.stores_model_dtype:
+        cache[...] = rng.integers(0, 256, cache.shape, dtype=np.uint8)
+    else:
+        cache[...] = (rng.standard_normal(cache.shape) * 1e3).astype(cache.dtype)
+    if len(seq_lens):
+        key = np.concatenate(ks) if ks else np.zeros((0, num_kv_heads, head_size), dtype)
+        val = np.concatenate(vs)
+        kvlab.reshape_and_cache(key, val, cache, np.concatenate(slots), fmt, k_scale, v_scale)
+    qsl = np.concatenate([[0], np.cumsum(query_lens)]).astype(np.int32)
+    q = (rng.standard_normal((int(qsl[-1]), num_kv_heads * gqa, head_size)) * scale).astype(dtype)
+    return PagedBatch(fmt, cache, block_table, seq_lens, qsl, q, ks, vs, slots, k_scale, v_scale)
+
+
+def dense_attention(q, k, v, softmax_scale, sliding_window=None):
+    """Plain causal softmax attention of one sequence, float64, explicit loops over heads.
+
+    q: ``(Lq, Hq, d)``, k/v: ``(L, Hkv, d)``; the queries are the last Lq positions.
+    """
+    Lq, Hq, d = q.shape
+    L, Hkv, _ = k.shape
+    G = Hq // Hkv
+    out = np.zeros((Lq, Hq, d))
+    for j in range(Lq):
+        p = L - Lq + j
+        lo = 0 if sliding_window is None else max(0, p - sliding_window + 1)
+        for h in range(Hq):
+            kk, vv = k[lo: p + 1, h // G].astype(np.float64), v[lo: p + 1, h // G].astype(np.float64)
+            s = kk @ q[j, h].astype(np.float64) * softmax_scale
+            w = np.exp(s - s.max())
+            out[j, h] = (w / w.sum()) @ vv
+    return out
