@@ -1,0 +1,192 @@
+// kvlab — fused quantize-and-write of K and V into a paged cache, every format, one pass.
+// Python op: kvlab/cuda/cache.py. Reference: kvlab/reference/cache.py + kvlab/formats/*.py.
+//
+// One lane group (RowGeometry: 16 bytes of input per lane, LANES <= 32 lanes) owns one
+// (token, head) and writes both its K and its V row: both 16-byte loads are issued before
+// any math, the RHT (int4) runs in registers and shuffles, and each cache byte is written
+// once. Per (token, head) at d = 128, bf16 in: reads 2·256 bytes, writes 2·row bytes
+// (auto 256, int8/fp8 132, int4 68, nvfp4 72). Consecutive groups are consecutive heads of
+// one token, so reads of K/V and writes of the cache rows are contiguous across a warp.
+//
+// Skipped tokens (slot < 0) and the grid tail keep running on zeros (the shuffles need every
+// lane) but load and store nothing: their cache rows are untouched.
+//
+// Bit-exactness vs the reference: every rounding step of the formats is done with the same
+// float32 operation (quant_formats.cuh). The one difference is the int4 RHT: the reference
+// sums in float64 and rounds to the input dtype, the kernel sums in float32 and rounds to the
+// input dtype; the two agree unless the float32 sum is off by an ulp right at a rounding tie
+// of the (8- or 11-bit) input dtype — rare, and counted by tests/gpu/test_reshape_and_cache_gpu.py.
+// For float32 inputs the rotated vector itself is float32, so there last-bit differences are
+// common and the test bounds codes to ±1 and scales to float32 rounding.
+//
+// NaN/Inf inputs: min/max/absmax use fmaxf/fminf, which skip NaN; the codes of NaN elements
+// follow the codecs (int4/int8 clamp NaN via fminf/fmaxf to the low clamp bound, E2M1 -> code 8,
+// E4M3 -> 0x7F). The reference propagates NaN into the scale instead; inputs with NaN are
+// outside the bit-exactness contract.
+#include "common.cuh"
+#include "fp_codecs.cuh"
+#include "hadamard.cuh"
+#include "quant_formats.cuh"
+
+namespace {
+
+using namespace kvlab;
+
+// Pack EPT 4-bit codes (EPT even) into EPT/2 bytes at p, element 2i in the low nibble of
+// byte i. Word stores when p is aligned (always for int4; for nvfp4 the data part of a slab
+// starts unaligned only at d = 16/32 with an odd block_size·H, then bytes are stored).
+template <int EPT>
+__device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&c)[EPT]) {
+  static_assert(EPT % 4 == 0, "at least 4 codes per lane");
+  constexpr uintptr_t ALIGN = EPT >= 8 ? 4 : 2;
+  if ((reinterpret_cast<uintptr_t>(p) & (ALIGN - 1)) != 0) {
+#pragma unroll
+    for (int i = 0; i < EPT / 2; ++i)
+      p[i] = static_cast<uint8_t>((c[2 * i] & 0xFu) | ((c[2 * i + 1] & 0xFu) << 4));
+  } else if constexpr (EPT >= 8) {
+#pragma unroll
+    for (int w = 0; w < EPT / 8; ++w) {
+      uint32_t word = 0;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) word |= (c[8 * w + j] & 0xFu) << (4 * j);
+      reinterpret_cast<uint32_t*>(p)[w] = word;
+    }
+  } else {
+    uint32_t half = 0;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) half |= (c[j] & 0xFu) << (4 * j);
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(half);
+  }
+}
+
+// Pack EPT byte codes (EPT multiple of 4) into EPT bytes at p (4-byte aligned).
+template <int EPT>
+__device__ __forceinline__ void store_bytes(uint8_t* p, const uint32_t (&c)[EPT]) {
+#pragma unroll
+  for (int w = 0; w < EPT / 4; ++w) {
+    reinterpret_cast<uint32_t*>(p)[w] = (c[4 * w] & 0xFFu) | ((c[4 * w + 1] & 0xFFu) << 8) |
+                                        ((c[4 * w + 2] & 0xFFu) << 16) | ((c[4 * w + 3] & 0xFFu) << 24);
+  }
+}
+
+// Quantize one head vector (held by the lane group, EPT elements per lane) and store its row.
+// `row` points at the start of the (token, head) row for the row-contiguous formats; for nvfp4
+// `slab` is the (block, side) slab and (t, h) locate the data and scale bytes.
+template <int FMT, int D, typename T, bool SWIZZLE>
+__device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT], bool active, int lig,
+                                             uint8_t* row, uint8_t* slab, int t, int h, int H,
+                                             int block_size, float global_scale) {
+  using G = RowGeometry<D, T>;
+  constexpr int EPT = G::EPT, LANES = G::LANES;
+  if constexpr (FMT == FMT_AUTO) {
+    if (active) store_elems<T, EPT>(reinterpret_cast<T*>(row) + lig * EPT, x);
+  } else if constexpr (FMT == FMT_INT8 || FMT == FMT_FP8) {
+    // row: d code bytes | float32 scale
+    float amax = 0.0f;
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    amax = group_max<LANES>(amax);
+    const float scale = per_token_head_scale<FMT>(amax);
+    const float inv = __frcp_rn(scale);
+    uint32_t c[EPT];
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) c[j] = per_token_head_encode<FMT>(x[j], inv);
+    if (active) {
+      store_bytes<EPT>(row + lig * EPT, c);
+      if (lig == 0) *reinterpret_cast<float*>(row + D) = scale;
+    }
+  } else if constexpr (FMT == FMT_INT4) {
+    // row: d/2 packed codes | scale word. RHT in registers, rounded to the input dtype
+    // (what vLLM stores before quantizing, SPEC 2.1 step 1).
+    rht_group<EPT, LANES>(x, lig);
+    float mn = __int_as_float(0x7f800000), mx = -__int_as_float(0x7f800000);  // +inf, -inf
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) {
+      x[j] = round_through<T>(x[j]);
+      mn = fminf(mn, x[j]);
+      mx = fmaxf(mx, x[j]);
+    }
+    mn = group_min<LANES>(mn);
+    mx = group_max<LANES>(mx);
+    const Int4Params p = int4_qparams(mn, mx);
+    uint32_t c[EPT];
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) c[j] = int4_encode(x[j], p);
+    if (active) {
+      store_nibbles<EPT>(row + lig * (EPT / 2), c);
+      if (lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = p.word;
+    }
+  } else {
+    static_assert(FMT == FMT_NVFP4, "unknown format");
+    // groups of 16 elements: either LPG lanes per group (EPT < 16) or EPT/16 groups per lane
+    constexpr int LPG = EPT >= NVFP4_GROUP ? 1 : NVFP4_GROUP / EPT;
+    constexpr int GPL = EPT >= NVFP4_GROUP ? EPT / NVFP4_GROUP : 1;
+    constexpr int GE = EPT >= NVFP4_GROUP ? NVFP4_GROUP : EPT;  // elements of one group in this lane
+    uint32_t c[EPT];
+    uint32_t sf[GPL];
+#pragma unroll
+    for (int g = 0; g < GPL; ++g) {
+      float amax = 0.0f;
+#pragma unroll
+      for (int j = 0; j < GE; ++j) amax = fmaxf(amax, fabsf(x[g * GE + j]));
+      if constexpr (LPG > 1) amax = group_max<LPG>(amax);
+      sf[g] = nvfp4_scale_encode(amax, global_scale);
+      const float denom = nvfp4_denom(sf[g], global_scale);
+#pragma unroll
+      for (int j = 0; j < GE; ++j) c[g * GE + j] = nvfp4_encode(x[g * GE + j], denom);
+    }
+    if (active) {
+      store_nibbles<EPT>(slab + nvfp4_data_offset(t, h, H, D) + lig * (EPT / 2), c);
+      if (lig % LPG == 0) {
+        const int g0 = (lig * EPT) / NVFP4_GROUP;
+#pragma unroll
+        for (int g = 0; g < GPL; ++g)
+          slab[nvfp4_scale_offset(t, h, g0 + g, block_size, H, D, SWIZZLE)] = static_cast<uint8_t>(sf[g]);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+// key/value: (num_tokens, H, D) with token stride key_stride / value_stride (elements; the
+// (H, D) part contiguous, rows 16-byte aligned). cache: (num_blocks, 2, block_size, H, row)
+// contiguous, uint8 (or T for auto). slot_mapping: int64 (num_tokens,), < 0 = skip.
+// k_scale / v_scale: nvfp4 global (dequantization) scales, unused otherwise.
+// SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
+template <int FMT, int D, typename T, bool SWIZZLE>
+__global__ void __launch_bounds__(256) reshape_and_cache(
+    const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
+    long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
+    long long num_tokens, int H, int block_size, float k_scale, float v_scale) {
+  using G = RowGeometry<D, T>;
+  constexpr int EPT = G::EPT, LANES = G::LANES;
+  static_assert(!SWIZZLE || FMT == FMT_NVFP4, "the V-scale swizzle is nvfp4's");
+  static_assert(!SWIZZLE || D >= 64, "the V-scale swizzle needs d/16 % 4 == 0");
+  const int lig = threadIdx.x & (LANES - 1);
+  const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+  const long long token = group / H;
+  const int h = static_cast<int>(group - token * H);
+  long long slot = -1;
+  if (token < num_tokens) slot = slot_mapping[token];
+  const bool active = slot >= 0;
+
+  float xk[EPT], xv[EPT];
+  if (active) {
+    load_elems<T, EPT>(key + token * key_stride + h * D + lig * EPT, xk);
+    load_elems<T, EPT>(value + token * value_stride + h * D + lig * EPT, xv);
+  } else {
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) { xk[j] = 0.0f; xv[j] = 0.0f; }
+  }
+  const long long blk = active ? slot / block_size : 0;
+  const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
+
+  constexpr long long ROW = FMT == FMT_AUTO ? static_cast<long long>(D) * sizeof(T) : row_bytes<FMT>(D);
+  const long long side_bytes = static_cast<long long>(block_size) * H * ROW;  // one (block, side) slab
+  uint8_t* slab_k = cache + (blk * 2 + 0) * side_bytes;
+  uint8_t* slab_v = slab_k + side_bytes;
+  const long long row_off = (static_cast<long long>(t) * H + h) * ROW;
+  encode_store<FMT, D, T, false>(xk, active, lig, slab_k + row_off, slab_k, t, h, H, block_size, k_scale);
+  encode_store<FMT, D, T, SWIZZLE>(xv, active, lig, slab_v + row_off, slab_v, t, h, H, block_size, v_scale);
+}
