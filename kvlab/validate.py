@@ -40,8 +40,17 @@ def check_kv_cache(kv_cache, fmt: CacheFormat, name: str = "kv_cache") -> CacheD
     return CacheDims(s[0], s[2], s[3], d)
 
 
+#: Global (nvfp4) scales are bounded so that ``sf · global_scale`` and ``x / (sf · global_scale)``
+#: stay normal float32 numbers: results then do not depend on the GPU's flush-to-zero.
+GLOBAL_SCALE_RANGE = (1e-30, 1e30)
+
+
 def check_global_scale(value, name: str) -> float:
-    return checks.check_float(value, name, positive=True)
+    v = checks.check_float(value, name, positive=True)
+    lo, hi = GLOBAL_SCALE_RANGE
+    if not lo <= v <= hi:
+        raise ValueError(f"{name}: expected a value in [{lo:g}, {hi:g}], got {v:g}")
+    return v
 
 
 def check_reshape_and_cache(key, value, kv_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):

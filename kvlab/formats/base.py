@@ -17,6 +17,21 @@ from .. import arrays, checks
 
 SIDES = {"k": 0, "v": 1}
 
+#: NaN/Inf rule, the same in the reference and the kernels: a (token, head) vector with any
+#: non-finite element is stored as the format's *invalid row* — every code 0 and a NaN scale
+#: (int4: scale word 0x7FC00000; int8/fp8: float32 NaN; nvfp4: every E4M3 scale byte 0x7F) —
+#: so it dequantizes to all-NaN: the error stays visible and confined to that row. ``auto``
+#: stores values as given. Attention outputs that attend to such a row are NaN; rows outside a
+#: query's causal/sliding window never affect it.
+NAN_SCALE_WORD = 0x7FC00000
+
+
+def nonfinite_rows(x) -> np.ndarray:
+    """Boolean ``(...)``: which head vectors ``(..., d)`` hold a NaN or ±Inf."""
+    x = np.asarray(x)
+    with np.errstate(invalid="ignore"):
+        return ~np.isfinite(x.astype(np.float32)).all(axis=-1)
+
 
 @dataclass(frozen=True)
 class CacheFormat:

@@ -22,6 +22,9 @@ Read path: ``y = (q − zp) · float(word & ~0xF)``, ``x = s ⊙ (H · y) / d``.
 Note the *stored* scale lost its 4 low mantissa bits (a relative change below
 2^-19), while the codes were computed with the full scale.
 
+Non-finite input: the invalid row of ``formats/base.py`` (codes 0, scale word
+0x7FC00000 → dequantizes to NaN).
+
 Degenerate vectors: all-zero → scale 1e-6, zp 0, codes 0 (exact). A constant
 vector is rotated to a spike, which quantizes like any other vector.
 """
@@ -35,7 +38,7 @@ from .. import arrays
 from ..reference.hadamard import SUPPORTED_HEAD_SIZES, inverse_rht, rht
 from ..reference.nibble import pack_nibbles, unpack_nibbles
 from ..reference.rounding import round_half_away
-from .base import CacheFormat
+from .base import NAN_SCALE_WORD, CacheFormat, nonfinite_rows
 
 SCALE_FLOOR = np.float32(1e-6)
 
@@ -110,13 +113,20 @@ class Int4PerTokenHead(CacheFormat):
         x = np.asarray(x)
         d = x.shape[-1]
         self.check_head_size(d, "x.shape[-1]")
-        y = self.rotate(x, signs)
+        lead = x.shape[:-1]
+        x = x.reshape(-1, d)  # rows of head vectors; reshaped back at the end
+        bad = nonfinite_rows(x)
+        with np.errstate(invalid="ignore", over="ignore"):
+            y = self.rotate(np.where(bad[..., None], 0, x).astype(x.dtype), signs)
         scale, zp = int4_qparams(y)
         q = int4_codes(y, scale, zp)
+        q[bad] = 0
+        word = scale_word(scale, zp)
+        word[bad] = NAN_SCALE_WORD              # the invalid row (NaN/Inf rule, formats/base.py)
         rows = np.empty(x.shape[:-1] + (self.row_bytes(d),), dtype=np.uint8)
         rows[..., : d // 2] = pack_nibbles(q)
-        rows[..., d // 2 :] = scale_word(scale, zp).astype("<u4")[..., None].view(np.uint8)
-        return rows
+        rows[..., d // 2 :] = word.astype("<u4")[..., None].view(np.uint8)
+        return rows.reshape(lead + rows.shape[-1:])
 
     def dequantize_rotated(self, rows, head_size: int) -> np.ndarray:
         """Rows → the rotated-domain values ``y`` (float64), no inverse RHT."""

@@ -7,6 +7,9 @@ consecutive elements, float32 arithmetic as the kernels do::
     code_i = e2m1_rne_sat(x_i / (sf_g · global_scale))      # 0 when sf_g == 0
     x_i   ≈ e2m1(code_i) · sf_g · global_scale              # dequantization
 
+Non-finite input: the invalid row of ``formats/base.py`` (codes 0, every
+scale byte 0x7F = E4M3 NaN).
+
 ``global_scale`` (vLLM's ``k_scale``/``v_scale``) is a *dequantization
 multiplier*: 1.0 by default; :func:`calibrate_global_scale` gives
 ``amax / (6 · 448)``.
@@ -32,7 +35,7 @@ import numpy as np
 from .. import checks
 from ..reference.fp_codecs import E2M1_MAX, E4M3_MAX, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode
 from ..reference.nibble import pack_nibbles, unpack_nibbles
-from .base import SIDES, CacheFormat
+from .base import SIDES, CacheFormat, nonfinite_rows
 
 GROUP = 16
 
@@ -108,9 +111,16 @@ class NVFP4(CacheFormat):
         d = x.shape[-1]
         self.check_head_size(d, "x.shape[-1]")
         gs = checks.check_float(global_scale, "global_scale", positive=True)
+        lead = x.shape[:-1]
+        x = x.reshape(-1, d)  # rows of head vectors; reshaped back at the end
+        bad = nonfinite_rows(x)
+        x = np.where(bad[..., None], 0, x.astype(np.float32))
         sf = nvfp4_block_scales(x, gs)
         codes = nvfp4_codes(x, sf, gs)
-        return np.concatenate([pack_nibbles(codes), sf], axis=-1)
+        codes[bad] = 0
+        sf[bad] = 0x7F                          # the invalid row (NaN/Inf rule, formats/base.py)
+        rows = np.concatenate([pack_nibbles(codes), sf], axis=-1)
+        return rows.reshape(lead + rows.shape[-1:])
 
     def dequantize_rows(self, rows, head_size, global_scale: float = 1.0):
         rows = np.asarray(rows, dtype=np.uint8)

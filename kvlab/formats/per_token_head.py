@@ -7,7 +7,8 @@ All arithmetic in float32, as the kernels do:
 ``scale = max(absmax(x) / QMAX, 1e-6)``, ``v = x · (1/scale)``;
 int8 (QMAX 127): ``code = clamp(round_half_away(v), −128, 127)``;
 fp8 (QMAX 448): ``code = e4m3_rne(clamp(v, −448, 448))``.
-Dequant: ``code · scale``. No rotation.
+Dequant: ``code · scale``. No rotation. Non-finite input: the invalid row of
+``formats/base.py`` (codes 0, NaN scale).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..reference.fp_codecs import e4m3_decode, e4m3_encode
 from ..reference.rounding import round_half_away
-from .base import SIDES, CacheFormat
+from .base import SIDES, CacheFormat, nonfinite_rows
 
 SCALE_FLOOR = np.float32(1e-6)
 
@@ -63,11 +64,18 @@ class PerTokenHead8(CacheFormat):
         x = np.asarray(x)
         d = x.shape[-1]
         self.check_head_size(d, "x.shape[-1]")
+        lead = x.shape[:-1]
+        x = x.reshape(-1, d)  # rows of head vectors; reshaped back at the end
+        bad = nonfinite_rows(x)
+        x = np.where(bad[..., None], 0, x.astype(np.float32))
         scale = symmetric_scale(x, self.qmax)
+        codes = self.codes(x, scale)
+        codes[bad] = 0
+        scale[bad] = np.float32(np.nan)         # the invalid row (NaN/Inf rule, formats/base.py)
         rows = np.empty(x.shape[:-1] + (d + 4,), dtype=np.uint8)
-        rows[..., :d] = self.codes(x, scale)
+        rows[..., :d] = codes
         rows[..., d:] = scale.astype("<f4")[..., None].view(np.uint8)
-        return rows
+        return rows.reshape(lead + rows.shape[-1:])
 
     def dequantize_rows(self, rows, head_size, global_scale: float = 1.0):
         rows = np.asarray(rows, dtype=np.uint8)

@@ -69,18 +69,18 @@ def paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cach
         blk, off = _gather_positions(bt[i], L, dims.block_size)
         Ki = K[blk, off]            # (L, Hkv, d)
         Vi = V[blk, off]
-        qpos = L - Lq + np.arange(Lq)
-        kpos = np.arange(L)
-        allowed = kpos[None, :] <= qpos[:, None]
-        if w is not None:
-            allowed &= kpos[None, :] > qpos[:, None] - w
         qi = q64[q0:q1].reshape(Lq, dims.num_kv_heads, G, d)
-        s = np.einsum("qhgd,khd->hgqk", qi, Ki) * scale
-        s = np.where(allowed[None, None], s, -np.inf)
-        m = s.max(axis=-1, keepdims=True)
-        p = np.exp(s - m)
-        p /= p.sum(axis=-1, keepdims=True)
-        o = np.einsum("hgqk,khd->qhgd", p, Vi)
+        o = np.empty((Lq, dims.num_kv_heads, G, d))
+        for j in range(Lq):
+            # only the rows a query may see enter its sum (so a NaN row outside the causal
+            # or sliding window never reaches it — the NaN rule of formats/base.py)
+            p = L - Lq + j
+            lo = 0 if w is None else max(0, p - w + 1)
+            kk, vv = Ki[lo: p + 1], Vi[lo: p + 1]                  # (n, Hkv, d)
+            sc = np.einsum("hgd,khd->hgk", qi[j], kk) * scale
+            pr = np.exp(sc - sc.max(axis=-1, keepdims=True))
+            pr /= pr.sum(axis=-1, keepdims=True)
+            o[j] = np.einsum("hgk,khd->hgd", pr, vv)
         out[q0:q1] = o.reshape(Lq, Hq, d)
     if rotated:
         out = inverse_rht(out)
