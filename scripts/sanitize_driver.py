@@ -1,0 +1,87 @@
+"""Every GPU kernel once, on small ragged shapes, for compute-sanitizer (scripts/sanitize.sh).
+
+Shapes include partially filled last blocks, the largest head size (512 for the write path and
+the Hadamard, 256 for attention), GQA, sliding windows, decode + prefill. Memory pools are off
+(PYTORCH_NO_CUDA_MEMORY_CACHING=1 set by the wrapper, CuPy's pool disabled here) so that every
+tensor is its own allocation and an out-of-bounds access cannot hide inside a pool block.
+"""
+from __future__ import annotations
+
+import sys
+
+import cupy
+import numpy as np
+import torch
+
+import kvlab
+from kvlab.cuda import hadamard, nibble
+
+cupy.cuda.set_allocator(None)
+cupy.cuda.set_pinned_memory_allocator(None)
+rng = np.random.default_rng(7)
+DEV = "cuda"
+
+
+def t(a, dtype=None):
+    x = torch.from_numpy(np.ascontiguousarray(a)).to(DEV)
+    return x.to(dtype) if dtype is not None else x
+
+
+def step(msg):
+    print(f"[sanitize] {msg}", flush=True)
+
+
+def main() -> int:
+    step("nibble")
+    codes = cupy.asarray(rng.integers(0, 16, (37, 66), dtype=np.uint8))
+    nibble.unpack_nibbles(nibble.pack_nibbles(codes))
+    step("hadamard")
+    for d in (16, 64, 128, 512):
+        for dt in (torch.bfloat16, torch.float16, torch.float32):
+            x = t(rng.standard_normal((13, 3, d)), dt)
+            hadamard.wht(x)
+            hadamard.rht(hadamard.rht(x), inverse=True)
+    for name in kvlab.FORMAT_NAMES:
+        fmts = [kvlab.get_format(name)]
+        if name == "nvfp4":
+            fmts.append(kvlab.get_format("nvfp4", swizzle_v_scales=True))
+        for fmt in fmts:
+            for d, H, bs in ((64, 3, 16), (256, 2, 32), (512, 1, 16)):
+                step(f"write/read {fmt.name} swizzle={getattr(fmt, 'swizzle_v_scales', False)} d={d} H={H} bs={bs}")
+                T = 2 * bs + 5                                   # last block partially filled
+                nb = T // bs + 2
+                key = t(rng.standard_normal((T, H, d)), torch.bfloat16)
+                val = t(rng.standard_normal((T, H, d)), torch.bfloat16)
+                cache = kvlab.allocate_cache(fmt, nb, bs, H, d, like=key)
+                slots = np.arange(T, dtype=np.int64)
+                slots[3] = -1
+                kvlab.reshape_and_cache(key, val, cache, t(slots), fmt)
+                kvlab.reshape_and_cache(key[:7], val[:7], cache, t(slots[:7].astype(np.int32)), fmt)
+                kvlab.dequantize_cache(cache, fmt)
+                if d > 256:
+                    continue
+                step(f"attention {fmt.name} d={d}")
+                seq_lens = np.array([T, 1, bs + 3], np.int32)
+                qlens = np.array([T, 1, 4], np.int32)
+                bt = np.zeros((3, nb), np.int32)
+                bt[0, : -(-T // bs)] = np.arange(-(-T // bs))
+                qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
+                q = t(rng.standard_normal((int(qsl[-1]), H * 4, d)), torch.bfloat16)
+                for window in (None, 5):
+                    kvlab.paged_attention(q, cache, t(bt), t(seq_lens), t(qsl), fmt, sliding_window=window)
+                # decode batch with a long-ish context: the split-KV path and its reduction
+                nb2 = 40
+                cache2 = kvlab.allocate_cache(fmt, nb2, bs, H, d, like=key)
+                L = nb2 * bs - 3
+                kv = t(rng.standard_normal((L, H, d)), torch.bfloat16)
+                kvlab.reshape_and_cache(kv, kv, cache2, t(np.arange(L, dtype=np.int64)), fmt)
+                qd = t(rng.standard_normal((2, H * 3, d)), torch.bfloat16)
+                kvlab.paged_attention(qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
+                                      t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
+    torch.cuda.synchronize()
+    step("done")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
