@@ -29,6 +29,24 @@ template <int FMT> __host__ __device__ constexpr int row_bytes(int d) {
                                            : -1;  // auto: model dtype, not bytes
 }
 
+// NaN/Inf rule (kvlab/formats/base.py): a (token, head) vector with any non-finite element
+// is stored as the format's invalid row — every code 0 and a NaN scale (int4 word 0x7FC00000,
+// int8/fp8 float32 NaN, nvfp4 every E4M3 scale byte 0x7F) — so it dequantizes to all-NaN.
+constexpr uint32_t INVALID_SCALE_BITS = 0x7FC00000u;
+constexpr uint32_t NVFP4_INVALID_SCALE_BYTE = 0x7Fu;
+
+// Whether any of this lane's elements is NaN or ±Inf, or-reduced over the LANES-lane group.
+template <int LANES, int EPT>
+__device__ __forceinline__ bool group_any_nonfinite(const float (&x)[EPT]) {
+  bool bad = false;
+#pragma unroll
+  for (int j = 0; j < EPT; ++j) bad |= !isfinite(x[j]);
+  unsigned b = bad ? 1u : 0u;
+#pragma unroll
+  for (int o = LANES / 2; o > 0; o >>= 1) b |= __shfl_xor_sync(0xffffffffu, b, o);
+  return b != 0;
+}
+
 // Round half away from zero (C roundf) — the rule int4/int8 codes use.
 __device__ __forceinline__ float round_half_away(float v) { return roundf(v); }
 

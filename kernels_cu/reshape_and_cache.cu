@@ -19,10 +19,9 @@
 // For float32 inputs the rotated vector itself is float32, so there last-bit differences are
 // common and the test bounds codes to ±1 and scales to float32 rounding.
 //
-// NaN/Inf inputs: min/max/absmax use fmaxf/fminf, which skip NaN; the codes of NaN elements
-// follow the codecs (int4/int8 clamp NaN via fminf/fmaxf to the low clamp bound, E2M1 -> code 8,
-// E4M3 -> 0x7F). The reference propagates NaN into the scale instead; inputs with NaN are
-// outside the bit-exactness contract.
+// NaN/Inf inputs follow the rule of kvlab/formats/base.py, as the reference does: a vector
+// with any non-finite element is written as the format's invalid row (codes 0, NaN scale);
+// auto copies values as given. One or-reduction over the lane group decides it.
 #include "common.cuh"
 #include "fp_codecs.cuh"
 #include "hadamard.cuh"
@@ -32,41 +31,30 @@ namespace {
 
 using namespace kvlab;
 
-// Pack EPT 4-bit codes (EPT even) into EPT/2 bytes at p, element 2i in the low nibble of
-// byte i. Word stores when p is aligned (always for int4; for nvfp4 the data part of a slab
-// starts unaligned only at d = 16/32 with an odd block_size·H, then bytes are stored).
+// Store EPT 4-bit codes, already packed into words (code j at bits 4·(j%8) of w[j/8]: element
+// 2i in the low nibble of byte i), as EPT/2 bytes at p. Word stores when p is aligned (always
+// for int4; the nvfp4 data part of a slab starts unaligned only at d = 16/32 with an odd
+// block_size·H, then bytes are stored).
 template <int EPT>
-__device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&c)[EPT]) {
+__device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&w)[EPT >= 8 ? EPT / 8 : 1]) {
   static_assert(EPT % 4 == 0, "at least 4 codes per lane");
   constexpr uintptr_t ALIGN = EPT >= 8 ? 4 : 2;
   if ((reinterpret_cast<uintptr_t>(p) & (ALIGN - 1)) != 0) {
 #pragma unroll
-    for (int i = 0; i < EPT / 2; ++i)
-      p[i] = static_cast<uint8_t>((c[2 * i] & 0xFu) | ((c[2 * i + 1] & 0xFu) << 4));
+    for (int i = 0; i < EPT / 2; ++i) p[i] = static_cast<uint8_t>(w[i / 4] >> (8 * (i % 4)));
   } else if constexpr (EPT >= 8) {
 #pragma unroll
-    for (int w = 0; w < EPT / 8; ++w) {
-      uint32_t word = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) word |= (c[8 * w + j] & 0xFu) << (4 * j);
-      reinterpret_cast<uint32_t*>(p)[w] = word;
-    }
+    for (int k = 0; k < EPT / 8; ++k) reinterpret_cast<uint32_t*>(p)[k] = w[k];
   } else {
-    uint32_t half = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) half |= (c[j] & 0xFu) << (4 * j);
-    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(half);
+    *reinterpret_cast<uint16_t*>(p) = static_cast<uint16_t>(w[0]);
   }
 }
 
-// Pack EPT byte codes (EPT multiple of 4) into EPT bytes at p (4-byte aligned).
+// Store EPT byte codes packed into EPT/4 words (code j at bits 8·(j%4) of w[j/4]); p 4-aligned.
 template <int EPT>
-__device__ __forceinline__ void store_bytes(uint8_t* p, const uint32_t (&c)[EPT]) {
+__device__ __forceinline__ void store_bytes(uint8_t* p, const uint32_t (&w)[EPT / 4]) {
 #pragma unroll
-  for (int w = 0; w < EPT / 4; ++w) {
-    reinterpret_cast<uint32_t*>(p)[w] = (c[4 * w] & 0xFFu) | ((c[4 * w + 1] & 0xFFu) << 8) |
-                                        ((c[4 * w + 2] & 0xFFu) << 16) | ((c[4 * w + 3] & 0xFFu) << 24);
-  }
+  for (int k = 0; k < EPT / 4; ++k) reinterpret_cast<uint32_t*>(p)[k] = w[k];
 }
 
 // Quantize one head vector (held by the lane group, EPT elements per lane) and store its row.
@@ -82,22 +70,26 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     if (active) store_elems<T, EPT>(reinterpret_cast<T*>(row) + lig * EPT, x);
   } else if constexpr (FMT == FMT_INT8 || FMT == FMT_FP8) {
     // row: d code bytes | float32 scale
+    const bool bad = group_any_nonfinite<LANES, EPT>(x);
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < EPT; ++j) amax = fmaxf(amax, fabsf(x[j]));
     amax = group_max<LANES>(amax);
-    const float scale = per_token_head_scale<FMT>(amax);
+    float scale = per_token_head_scale<FMT>(amax);
     const float inv = __frcp_rn(scale);
-    uint32_t c[EPT];
+    uint32_t w[EPT / 4] = {};
 #pragma unroll
-    for (int j = 0; j < EPT; ++j) c[j] = per_token_head_encode<FMT>(x[j], inv);
+    for (int j = 0; j < EPT; ++j)
+      w[j / 4] |= (bad ? 0u : per_token_head_encode<FMT>(x[j], inv)) << (8 * (j % 4));
+    if (bad) scale = __uint_as_float(INVALID_SCALE_BITS);
     if (active) {
-      store_bytes<EPT>(row + lig * EPT, c);
+      store_bytes<EPT>(row + lig * EPT, w);
       if (lig == 0) *reinterpret_cast<float*>(row + D) = scale;
     }
   } else if constexpr (FMT == FMT_INT4) {
     // row: d/2 packed codes | scale word. RHT in registers, rounded to the input dtype
     // (what vLLM stores before quantizing, SPEC 2.1 step 1).
+    const bool bad = group_any_nonfinite<LANES, EPT>(x);
     rht_group<EPT, LANES>(x, lig);
     float mn = __int_as_float(0x7f800000), mx = -__int_as_float(0x7f800000);  // +inf, -inf
 #pragma unroll
@@ -109,12 +101,12 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     mn = group_min<LANES>(mn);
     mx = group_max<LANES>(mx);
     const Int4Params p = int4_qparams(mn, mx);
-    uint32_t c[EPT];
+    uint32_t w[EPT >= 8 ? EPT / 8 : 1] = {};
 #pragma unroll
-    for (int j = 0; j < EPT; ++j) c[j] = int4_encode(x[j], p);
+    for (int j = 0; j < EPT; ++j) w[j / 8] |= (bad ? 0u : int4_encode(x[j], p)) << (4 * (j % 8));
     if (active) {
-      store_nibbles<EPT>(row + lig * (EPT / 2), c);
-      if (lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = p.word;
+      store_nibbles<EPT>(row + lig * (EPT / 2), w);
+      if (lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = bad ? INVALID_SCALE_BITS : p.word;
     }
   } else {
     static_assert(FMT == FMT_NVFP4, "unknown format");
@@ -122,7 +114,8 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     constexpr int LPG = EPT >= NVFP4_GROUP ? 1 : NVFP4_GROUP / EPT;
     constexpr int GPL = EPT >= NVFP4_GROUP ? EPT / NVFP4_GROUP : 1;
     constexpr int GE = EPT >= NVFP4_GROUP ? NVFP4_GROUP : EPT;  // elements of one group in this lane
-    uint32_t c[EPT];
+    const bool bad = group_any_nonfinite<LANES, EPT>(x);
+    uint32_t w[EPT >= 8 ? EPT / 8 : 1] = {};
     uint32_t sf[GPL];
 #pragma unroll
     for (int g = 0; g < GPL; ++g) {
@@ -133,10 +126,14 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
       sf[g] = nvfp4_scale_encode(amax, global_scale);
       const float denom = nvfp4_denom(sf[g], global_scale);
 #pragma unroll
-      for (int j = 0; j < GE; ++j) c[g * GE + j] = nvfp4_encode(x[g * GE + j], denom);
+      for (int j = 0; j < GE; ++j) {
+        const int e = g * GE + j;
+        w[e / 8] |= (bad ? 0u : nvfp4_encode(x[e], denom)) << (4 * (e % 8));
+      }
+      if (bad) sf[g] = NVFP4_INVALID_SCALE_BYTE;
     }
     if (active) {
-      store_nibbles<EPT>(slab + nvfp4_data_offset(t, h, H, D) + lig * (EPT / 2), c);
+      store_nibbles<EPT>(slab + nvfp4_data_offset(t, h, H, D) + lig * (EPT / 2), w);
       if (lig % LPG == 0) {
         const int g0 = (lig * EPT) / NVFP4_GROUP;
 #pragma unroll
@@ -155,7 +152,7 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
 // k_scale / v_scale: nvfp4 global (dequantization) scales, unused otherwise.
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
 template <int FMT, int D, typename T, bool SWIZZLE>
-__global__ void __launch_bounds__(256) reshape_and_cache(
+__global__ void __launch_bounds__(256, 2) reshape_and_cache(
     const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
     long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
     long long num_tokens, int H, int block_size, float k_scale, float v_scale) {
