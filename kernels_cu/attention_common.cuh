@@ -1,0 +1,254 @@
+// kvlab — building blocks of the paged-attention kernels (kernels_cu/paged_attention.cu):
+// tensor-core mma wrappers, 16-bit packing, and the per-format "tile codecs" that turn
+// cache bytes into mma operands in registers.
+//
+// Why the operands are not plain dequantized values. Every format is read *exactly*:
+//   * int4: code c (0..15) -> fp16 bits 0x6400|c = 1024 + c (exact); the zero point and
+//     the 1024 are folded into the dot product: q·((c - zp)·s) = s·(q·(1024 + c) - (1024 + zp)·Σq)
+//     (SPEC 2.1 read path, in the rotated domain). For V the offset is bf16 0x4300|c = 128 + c
+//     and Σ_t P'_t·(128 + zp_t) is subtracted per query column.
+//   * int8: byte b -> fp16 bits 0x6400|(b ^ 0x80) = 1152 + c (exact), fold 1152·Σq.
+//   * fp8 E4M3: hardware/software cvt to fp16 (exact: E4M3 ⊂ fp16).
+//   * nvfp4: E2M1 nibble -> fp16 bits (mag << 9 | sign << 15) = value·2^-14 (exact, also the
+//     subnormal 0.5), times the group's E4M3 scale ·2^7 in fp16: value·sf·2^-7, exact
+//     (≤ 6 significant bits, ≥ 2^-17, fp16 keeps ≥ 7 bits there); ·2^7·global_scale is
+//     applied in float32 after the mma.
+//   * auto: the model dtype as it is.
+// Dot products Q·K run in fp16 for the quantized formats (q is converted per vector with a
+// power-of-two prescale so it cannot overflow fp16; fp16 keeps 11 significant bits, more
+// than bf16's 8, so a bf16 q converts exactly). P·V runs in bf16 when the per-token V scale
+// is folded into P (int4/int8/fp8: P' = P·s_t needs float32's range), in fp16 for nvfp4
+// (P in [0, 1]) and in the model dtype for auto.
+//
+// Permutation freedom. A dot product over d is invariant under any permutation of d applied
+// to both operands, so each thread owns *contiguous* bytes of a cache row and the query is
+// packed in the matching order (see the DIM maps below). For P·V the output dims are
+// permuted instead and unpermuted on the way out.
+#pragma once
+#include "common.cuh"
+#include <cuda_fp8.h>
+
+namespace kvlab {
+namespace attn {
+
+enum Fmt : int { AUTO = 0, INT8 = 1, FP8 = 2, INT4 = 3, NVFP4 = 4 };
+
+// ---------------------------------------------------------------- mma
+// D += A·B, m16n8k16, A row-major 16x16, B col-major 16x8, float32 accumulate.
+// Fragments (g = lane/4, c = lane%4): a[0] = (row g, k 2c..2c+1), a[1] = (row g+8, k 2c..),
+// a[2] = (row g, k 2c+8..), a[3] = (row g+8, k 2c+8..); b[0] = (k 2c..2c+1, col g),
+// b[1] = (k 2c+8.., col g); d[0..1] = (row g, col 2c..2c+1), d[2..3] = (row g+8, col 2c..).
+template <typename CT> struct Mma;
+template <> struct Mma<__half> {
+  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+template <> struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void run(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                             uint32_t a3, uint32_t b0, uint32_t b1) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+};
+
+// ---------------------------------------------------------------- 16-bit packing
+template <typename CT> __device__ __forceinline__ uint16_t bits16(float x);
+template <> __device__ __forceinline__ uint16_t bits16<__half>(float x) {
+  return __half_as_ushort(__float2half_rn(x));
+}
+template <> __device__ __forceinline__ uint16_t bits16<__nv_bfloat16>(float x) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+}
+template <typename CT> __device__ __forceinline__ float from_bits16(uint16_t b);
+template <> __device__ __forceinline__ float from_bits16<__half>(uint16_t b) {
+  return __half2float(__ushort_as_half(b));
+}
+template <> __device__ __forceinline__ float from_bits16<__nv_bfloat16>(uint16_t b) {
+  return __bfloat162float(__ushort_as_bfloat16(b));
+}
+__device__ __forceinline__ uint32_t pack2(uint16_t lo, uint16_t hi) {
+  return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  return __byte_perm(a, b, sel);
+}
+
+// fp16x2 bits -> bf16x2 bits (exact for values representable in both, e.g. E4M3 values).
+__device__ __forceinline__ uint32_t h2_to_bf2(uint32_t h) {
+  __half2 x = *reinterpret_cast<__half2*>(&h);
+  float2 f = __half22float2(x);
+  __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<uint32_t*>(&b);
+}
+
+// Two E4M3 bytes (low 16 bits of x, first element in the low byte) -> fp16x2 bits, exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t x) {
+  __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xFFFFu),
+                                             __NV_E4M3);
+  return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
+}
+
+// One E4M3 byte -> float (exact).
+__device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
+  __half_raw r = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte & 0xFFu), __NV_E4M3);
+  return __half2float(__half(r));
+}
+
+// E2M1 nibbles at bits [s, s+4) and [s+16, s+20) of w -> fp16x2 bits of value·2^-14
+// (exact, the subnormal 0.5 included): magnitude to bits 9..11, sign to bit 15.
+template <int S>
+__device__ __forceinline__ uint32_t e2m1x2_to_h2_scaled(uint32_t w) {
+  const uint32_t mag = (S <= 9 ? (w << (9 - S)) : (w >> (S - 9))) & 0x0E000E00u;
+  const uint32_t sgn = (S <= 12 ? (w << (12 - S)) : (w >> (S - 12))) & 0x80008000u;
+  return mag | sgn;
+}
+
+__device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
+  __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// ---------------------------------------------------------------- loads
+// NBYTES bytes at p (aligned to ALIGN) into 32-bit words; zeros when !pred.
+template <int NBYTES, int ALIGN>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, bool pred) {
+  static_assert(NBYTES % 4 == 0, "rows are made of 32-bit words");
+  constexpr int VB = (ALIGN >= 16 && NBYTES % 16 == 0) ? 16 : (ALIGN >= 8 && NBYTES % 8 == 0) ? 8 : 4;
+  if (pred) {
+#pragma unroll
+    for (int i = 0; i < NBYTES / VB; ++i) {
+      if constexpr (VB == 16) {
+        uint4 v = __ldg(reinterpret_cast<const uint4*>(p) + i);
+        w[4 * i] = v.x; w[4 * i + 1] = v.y; w[4 * i + 2] = v.z; w[4 * i + 3] = v.w;
+      } else if constexpr (VB == 8) {
+        uint2 v = __ldg(reinterpret_cast<const uint2*>(p) + i);
+        w[2 * i] = v.x; w[2 * i + 1] = v.y;
+      } else {
+        w[i] = __ldg(reinterpret_cast<const unsigned int*>(p) + i);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NBYTES / 4; ++i) w[i] = 0u;
+  }
+}
+
+// ---------------------------------------------------------------- format traits
+// CT_QK / CT_PV: operand types of the two mma; KB / VB: bytes of a K row a thread owns in
+// the Q·K layout (D/4 dims) and of a V row in the P·V layout (D/8 dims).
+template <int FMT, int D, typename T> struct Traits;
+
+template <int D, typename T> struct Traits<AUTO, D, T> {
+  using CT_QK = T; using CT_PV = T;
+  static constexpr int KB = D / 2, VB = D / 4, ALIGN = 16;
+  static constexpr int ROW = 2 * D;  // bytes per (token, head) row
+};
+template <int D, typename T> struct Traits<INT8, D, T> {
+  using CT_QK = __half; using CT_PV = __nv_bfloat16;
+  static constexpr int KB = D / 4, VB = D / 8, ALIGN = 4, ROW = D + 4;
+};
+template <int D, typename T> struct Traits<FP8, D, T> {
+  using CT_QK = __half; using CT_PV = __nv_bfloat16;
+  static constexpr int KB = D / 4, VB = D / 8, ALIGN = 4, ROW = D + 4;
+};
+template <int D, typename T> struct Traits<INT4, D, T> {
+  using CT_QK = __half; using CT_PV = __nv_bfloat16;
+  static constexpr int KB = D / 8, VB = D / 16, ALIGN = 4, ROW = D / 2 + 4;
+};
+template <int D, typename T> struct Traits<NVFP4, D, T> {
+  using CT_QK = __half; using CT_PV = __half;
+  static constexpr int KB = D / 8, VB = D / 16, ALIGN = 16, ROW = D / 2 + D / 16;
+};
+
+// Dim owned by thread c (lane % 4) for chunk kk (16 dims of the Q·K reduction), pair p
+// (0: k = 2c..2c+1, 1: k = 2c+8..2c+9) and half h (low/high 16 bits of the register).
+template <int FMT, int D>
+__device__ __forceinline__ int qk_dim(int c, int kk, int p, int h) {
+  if constexpr (FMT == INT4 || FMT == NVFP4) {
+    return c * (D / 4) + 8 * (kk >> 1) + 2 * (kk & 1) + p + 4 * h;  // nibbles (i, i+4) of a word
+  } else if constexpr (FMT == INT8) {
+    return c * (D / 4) + 4 * kk + p + 2 * h;  // bytes (p, p+2) of word kk
+  } else {
+    return c * (D / 4) + 4 * kk + 2 * p + h;  // fp8: bytes (2p, 2p+1); auto: element pair 2kk+p
+  }
+}
+
+// Q·K operand: registers of chunk kk, pair p, from the thread's K row words kw
+// (KB bytes starting at byte c·KB of the row's code part); nvfp4 also needs the scale
+// pair `sf2` (fp16x2 of sf·2^7, both halves equal) of the word's group.
+template <int FMT, int D>
+__device__ __forceinline__ uint32_t k_operand(const uint32_t* kw, int kk, int p, uint32_t sf2) {
+  if constexpr (FMT == INT4) {
+    const uint32_t w = kw[kk >> 1];
+    const int i = 2 * (kk & 1) + p;
+    return ((w >> (4 * i)) & 0x000F000Fu) | 0x64006400u;
+  } else if constexpr (FMT == NVFP4) {
+    const uint32_t w = kw[kk >> 1];
+    const int i = 2 * (kk & 1) + p;
+    uint32_t v;
+    if (i == 0) v = e2m1x2_to_h2_scaled<0>(w);
+    else if (i == 1) v = e2m1x2_to_h2_scaled<4>(w);
+    else if (i == 2) v = e2m1x2_to_h2_scaled<8>(w);
+    else v = e2m1x2_to_h2_scaled<12>(w);
+    return hmul2_bits(v, sf2);
+  } else if constexpr (FMT == INT8) {
+    const uint32_t w = kw[kk];
+    return prmt(w, 0x64646464u, p ? 0x4341u : 0x4240u) ^ 0x00800080u;
+  } else if constexpr (FMT == FP8) {
+    const uint32_t w = kw[kk];
+    return e4m3x2_to_h2(p ? (w >> 16) : w);
+  } else {
+    return kw[2 * kk + p];
+  }
+}
+
+// P·V operand for m-tile j (output dims g·D/8 + 2j + r, r = 0 for rows g, 1 for rows g+8)
+// from the words of two tokens (ta in the low half, tb in the high half).
+// The thread's V row bytes: VB bytes from byte g·VB of the row's code part.
+template <int FMT, int D>
+__device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t* wb, int l,
+                                              uint32_t sf2) {
+  // l = local dim index 0 .. D/8-1
+  if constexpr (FMT == INT4 || FMT == NVFP4) {
+    const int m = l >> 3, i = l & 7;
+    const uint32_t z = prmt(wa[m], wb[m], i < 4 ? 0x5410u : 0x7632u);
+    const int s = 4 * (i & 3);
+    if constexpr (FMT == INT4) {
+      return ((z >> s) & 0x000F000Fu) | 0x43004300u;  // bf16 128 + c
+    } else {
+      uint32_t v;
+      if (s == 0) v = e2m1x2_to_h2_scaled<0>(z);
+      else if (s == 4) v = e2m1x2_to_h2_scaled<4>(z);
+      else if (s == 8) v = e2m1x2_to_h2_scaled<8>(z);
+      else v = e2m1x2_to_h2_scaled<12>(z);
+      return hmul2_bits(v, sf2);
+    }
+  } else if constexpr (FMT == INT8) {
+    const int m = l >> 2, i = l & 3;
+    // sign-extend byte i of each word, exact float, pack to bf16x2
+    const int ca = static_cast<int>(static_cast<signed char>((wa[m] >> (8 * i)) & 0xFFu));
+    const int cb = static_cast<int>(static_cast<signed char>((wb[m] >> (8 * i)) & 0xFFu));
+    __nv_bfloat162 r = __floats2bfloat162_rn(static_cast<float>(ca), static_cast<float>(cb));
+    return *reinterpret_cast<uint32_t*>(&r);
+  } else if constexpr (FMT == FP8) {
+    const int m = l >> 2, i = l & 3;
+    // bytes (wa.i, wb.i) -> 16 bits, E4M3 pair -> fp16x2 -> bf16x2
+    const uint32_t x = prmt(wa[m], wb[m], static_cast<uint32_t>(i | ((4 + i) << 4)));
+    return h2_to_bf2(e4m3x2_to_h2(x));
+  } else {
+    const int m = l >> 1;
+    return prmt(wa[m], wb[m], (l & 1) ? 0x7632u : 0x5410u);
+  }
+}
+
+}  // namespace attn
+}  // namespace kvlab

@@ -1,0 +1,425 @@
+// kvlab — paged attention over every cache format (SPEC 2.4). Python op: kvlab/cuda/attention.py.
+// Reference: kvlab/reference/attention.py (float64). Building blocks: attention_common.cuh.
+//
+// paged_attention_decode<FMT, D, T>: one CTA = (work item, KV head, query-head group).
+//   A work item is up to 8 query *columns* — (query token, query head) pairs of one sequence
+//   that share a KV head — and a range of KV positions (one split of flash-decoding).
+//   Decode (query length 1) puts the G query heads of a KV head in the columns, so each KV
+//   byte is read once per group. The 4 warps of the CTA take 16-token tiles of the range in
+//   turn; per tile a warp computes S^T = K·Q^T (m16 tokens x n8 columns x k = D, tensor-core
+//   mma on operands decoded in registers, see attention_common.cuh), the online softmax per
+//   column, then O^T += V^T·P^T (m16 dims x n8 columns x k16 tokens). Warps are merged in
+//   shared memory; the CTA writes the final output (one split) or a float32 partial
+//   (m, l, unnormalized o) that paged_attention_reduce<D, T, ROT> merges.
+//   INT4: the query is rotated in the prologue (RHT, hadamard.cuh) and the output
+//   inverse-rotated in the epilogue / the reduction; K and V stay in the rotated domain.
+//
+// Bytes: each (token, KV head) row of K and V is read once per CTA that covers it: D/2+4
+// bytes per row for int4 (68 at D = 128), D+4 for int8/fp8, D/2+D/16 for nvfp4, 2D for auto.
+// Rows of int4/int8/fp8 are only 4-byte aligned (row bytes = D/2+4 or D+4), so their loads
+// are 32-bit; nvfp4 data rows and auto rows are 16-byte aligned and use 16-byte loads.
+#include "common.cuh"
+#include "hadamard.cuh"
+#include "attention_common.cuh"
+
+using namespace kvlab;
+using namespace kvlab::attn;
+
+namespace {
+constexpr int NW = 4;     // warps per CTA
+constexpr int NCOL = 8;   // query columns per CTA (the mma N dimension)
+constexpr int ITEM = 5;   // ints per work item: seq, tok0, kv_lo, kv_hi, part (-1: final)
+constexpr float NEG_BIG = -1.0e30f;  // running-max start: exp2(NEG_BIG - NEG_BIG) = 1, no NaN
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+}  // namespace
+
+template <int FMT, int D, typename T>
+__global__ void __launch_bounds__(NW * 32)
+paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
+                       const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
+                       int bt_stride, const int* __restrict__ seq_lens,
+                       const int* __restrict__ query_start_loc, const int* __restrict__ items,
+                       int num_kv_heads, int num_q_heads, int hpc, int tpc, int bs_log2,
+                       float scale_log2, float k_scale, float v_scale, int window, int swizzle_v,
+                       float* __restrict__ ws_o, float* __restrict__ ws_ml) {
+  using TR = Traits<FMT, D, T>;
+  using CTQ = typename TR::CT_QK;
+  using CTV = typename TR::CT_PV;
+  static_assert(D == 64 || D == 128 || D == 256, "head sizes 64, 128, 256");
+  constexpr int E = D / 32;        // elements per lane in the prologue / epilogue
+  constexpr int KC = D / 16;       // k-chunks of Q·K, m-tiles of P·V
+  constexpr int KW = TR::KB / 4;   // K words per thread per token
+  constexpr int VW = TR::VB / 4;   // V words per thread per token
+  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;            // nvfp4 K groups per thread
+  constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;  // V groups per thread
+  constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;             // nvfp4 scale-row words
+
+  __shared__ __align__(16) uint16_t q_sm[NCOL * D];
+  __shared__ float qsum_sm[NCOL], cscale_sm[NCOL];
+  __shared__ int qpos_sm[NCOL];
+  __shared__ __align__(16) uint16_t p_sm[NW][NCOL * 16];
+  __shared__ __align__(16) float o_sm[NW][NCOL * D];
+  __shared__ float m_sm[NW][NCOL], l_sm[NW][NCOL];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int* it = items + ITEM * blockIdx.x;
+  const int seq = it[0], tok0 = it[1], kv_lo = it[2], kv_hi = it[3], part = it[4];
+  const int G = num_q_heads / num_kv_heads;
+  const int nhg = G / hpc;
+  const int kvh = blockIdx.y / nhg, hg = blockIdx.y % nhg;
+  const int qs = query_start_loc[seq];
+  const int Lq = query_start_loc[seq + 1] - qs;
+  const int L = seq_lens[seq];
+  const int BS = 1 << bs_log2;
+
+  // ---- prologue: query columns -> shared memory (rotated for int4, prescaled, rounded)
+  for (int n = warp; n < NCOL; n += NW) {
+    const int tok = tok0 + n / hpc;
+    const bool valid = (n < tpc * hpc) && (tok < Lq);
+    const int qhead = kvh * G + hg * hpc + n % hpc;
+    float x[E];
+    if (valid) {
+      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = 0.f;
+    }
+    if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    amax = warp_max(amax);
+    float pre = 1.f;
+    if constexpr (sizeof(CTQ) == 2 && !(FMT == AUTO)) {
+      // fp16 operands: scale by 2^-e so that |q| < 2^15 (fp16 max 65504); exact.
+      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const uint16_t b = bits16<CTQ>(x[j] * pre);
+      q_sm[n * D + lane * E + j] = b;
+      s += from_bits16<CTQ>(b);
+    }
+    s = warp_sum(s);
+    if (lane == 0) {
+      qsum_sm[n] = s;
+      cscale_sm[n] = scale_log2 / pre;
+      qpos_sm[n] = valid ? (L - Lq + tok) : -1;
+    }
+  }
+  __syncthreads();
+
+  // Q^T operand (column g), in the dim order of the K operand
+  uint32_t qf[KC][2];
+#pragma unroll
+  for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+      qf[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+                        q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+  const float qsum0 = qsum_sm[2 * c], qsum1 = qsum_sm[2 * c + 1];
+  const float cs0 = cscale_sm[2 * c], cs1 = cscale_sm[2 * c + 1];
+  const int qpos0 = qpos_sm[2 * c], qpos1 = qpos_sm[2 * c + 1];
+
+  // KV range of this CTA: its split, cut to what the columns can see
+  int pmax = -1, pmin = 0x7fffffff;
+#pragma unroll
+  for (int n = 0; n < NCOL; ++n) {
+    const int p = qpos_sm[n];
+    if (p >= 0) { pmax = max(pmax, p); pmin = min(pmin, p); }
+  }
+  int lo = kv_lo, hi = min(kv_hi, pmax + 1);
+  if (window > 0) lo = max(lo, pmin - window + 1);
+  const int lo16 = lo & ~15;
+  const int ntiles = hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;
+
+  float acc[KC][4];
+#pragma unroll
+  for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+
+  const size_t side_stride = static_cast<size_t>(BS) * num_kv_heads * TR::ROW;  // one (block, side) slab
+  const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
+
+  for (int t = warp; t < ntiles; t += NW) {
+    const int p0 = lo16 + 16 * t;
+    const int blk = bt[p0 >> bs_log2];
+    const int o = p0 & (BS - 1);
+    const uint8_t* kslab = cache + static_cast<size_t>(blk) * 2 * side_stride;
+    const uint8_t* vslab = kslab + side_stride;
+    // row r (0..15) of the tile: code bytes and parameter bytes
+    auto data_ptr = [&](const uint8_t* slab, int r) -> const uint8_t* {
+      const size_t row = static_cast<size_t>(o + r) * num_kv_heads + kvh;
+      if constexpr (FMT == NVFP4) return slab + row * (D / 2);
+      else return slab + row * TR::ROW;
+    };
+    const int tg = g, tg8 = g + 8;
+    const bool in_g = p0 + tg < L, in_g8 = p0 + tg8 < L;
+
+    // ---- K: tokens g, g+8; this thread's KB bytes of each
+    uint32_t ka[KW], kb[KW];
+    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg) + c * TR::KB, ka, in_g);
+    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg8) + c * TR::KB, kb, in_g8);
+    // ---- V: tokens 2c, 2c+1, 2c+8, 2c+9; this thread's VB bytes of each
+    const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
+    uint32_t v0[VW], v1[VW], v2[VW], v3[VW];
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t0) + g * TR::VB, v0, p0 + t0 < L);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t1) + g * TR::VB, v1, p0 + t1 < L);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t2) + g * TR::VB, v2, p0 + t2 < L);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t3) + g * TR::VB, v3, p0 + t3 < L);
+
+    // ---- per-token parameters
+    float ksc_g = 1.f, ksc_g8 = 1.f, koff_g = 0.f, koff_g8 = 0.f;
+    float vsc_g = 1.f, vsc_g8 = 1.f, vzp_g = 0.f, vzp_g8 = 0.f;
+    uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
+      const uint32_t wkg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg) + OFF)) : 0u;
+      const uint32_t wkg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg8) + OFF)) : 0u;
+      const uint32_t wvg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg) + OFF)) : 0u;
+      const uint32_t wvg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg8) + OFF)) : 0u;
+      if constexpr (FMT == INT4) {
+        ksc_g = __uint_as_float(wkg & ~0xFu); koff_g = 1024.f + static_cast<float>(wkg & 0xFu);
+        ksc_g8 = __uint_as_float(wkg8 & ~0xFu); koff_g8 = 1024.f + static_cast<float>(wkg8 & 0xFu);
+        vsc_g = __uint_as_float(wvg & ~0xFu); vzp_g = 128.f + static_cast<float>(wvg & 0xFu);
+        vsc_g8 = __uint_as_float(wvg8 & ~0xFu); vzp_g8 = 128.f + static_cast<float>(wvg8 & 0xFu);
+      } else {
+        ksc_g = __uint_as_float(wkg); ksc_g8 = __uint_as_float(wkg8);
+        vsc_g = __uint_as_float(wvg); vsc_g8 = __uint_as_float(wvg8);
+        if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
+      }
+    } else if constexpr (FMT == NVFP4) {
+      // K scales: the thread's dims c·D/4 .. have groups c·D/64 + i
+      const size_t sbase = static_cast<size_t>(BS) * num_kv_heads * (D / 2);
+      uint32_t swg[SW], swg8[SW];
+      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg) * num_kv_heads + kvh) * (D / 16), swg, in_g);
+      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg8) * num_kv_heads + kvh) * (D / 16), swg8, in_g8);
+#pragma unroll
+      for (int i = 0; i < NGK; ++i) {
+        const int gi = c * NGK + i;
+        const float fa = e4m3_to_float((swg[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f;
+        const float fb = e4m3_to_float((swg8[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f;
+        const uint16_t ha = bits16<__half>(fa), hb = bits16<__half>(fb);
+        sfk_g[i] = pack2(ha, ha);
+        sfk_g8[i] = pack2(hb, hb);
+      }
+      // V scales of tokens 2c, 2c+1, 2c+8, 2c+9 for the thread's group(s)
+      constexpr int S = D / 16;
+      auto vscale = [&](int r, int grp, bool in) -> float {
+        if (!in) return 0.f;
+        int tt = o + r, gg = grp;
+        if (swizzle_v) {  // SPEC 2.3 V-scale swizzle (vLLM SM100 order)
+          const int qq = S / 4;
+          const int t2_ = (tt / 4) * 4 + grp / qq;
+          gg = (grp % qq) * 4 + tt % 4;
+          tt = t2_;
+        }
+        const uint8_t* sp = vslab + sbase + (static_cast<size_t>(tt) * num_kv_heads + kvh) * S + gg;
+        return e4m3_to_float(__ldg(sp)) * 128.f;
+      };
+#pragma unroll
+      for (int i = 0; i < NGV; ++i) {
+        const int grp = (g * (D / 8)) / 16 + i;
+        sfv01[i] = pack2(bits16<__half>(vscale(t0, grp, p0 + t0 < L)), bits16<__half>(vscale(t1, grp, p0 + t1 < L)));
+        sfv23[i] = pack2(bits16<__half>(vscale(t2, grp, p0 + t2 < L)), bits16<__half>(vscale(t3, grp, p0 + t3 < L)));
+      }
+      ksc_g = ksc_g8 = 128.f * k_scale;
+    }
+    if constexpr (FMT != NVFP4) {
+#pragma unroll
+      for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
+#pragma unroll
+      for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
+    }
+
+    // ---- S^T = K·Q^T
+    float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int kk = 0; kk < KC; ++kk) {
+      const int gi = (FMT == NVFP4) ? (kk >> 2) : 0;
+      const uint32_t a0 = k_operand<FMT, D>(ka, kk, 0, sfk_g[gi]);
+      const uint32_t a1 = k_operand<FMT, D>(kb, kk, 0, sfk_g8[gi]);
+      const uint32_t a2 = k_operand<FMT, D>(ka, kk, 1, sfk_g[gi]);
+      const uint32_t a3 = k_operand<FMT, D>(kb, kk, 1, sfk_g8[gi]);
+      Mma<CTQ>::run(s, a0, a1, a2, a3, qf[kk][0], qf[kk][1]);
+    }
+    // scores in log2 units; s[0] = (token g, col 2c), s[1] = (g, 2c+1), s[2] = (g+8, 2c), s[3] = (g+8, 2c+1)
+    const int kp_g = p0 + tg, kp_g8 = p0 + tg8;
+    auto allowed = [&](int kp, int qp) {
+      return kp < L && kp <= qp && (window <= 0 || kp > qp - window);
+    };
+    float x0 = allowed(kp_g, qpos0) ? ksc_g * (s[0] - koff_g * qsum0) * cs0 : neg_inf();
+    float x1 = allowed(kp_g, qpos1) ? ksc_g * (s[1] - koff_g * qsum1) * cs1 : neg_inf();
+    float x2 = allowed(kp_g8, qpos0) ? ksc_g8 * (s[2] - koff_g8 * qsum0) * cs0 : neg_inf();
+    float x3 = allowed(kp_g8, qpos1) ? ksc_g8 * (s[3] - koff_g8 * qsum1) * cs1 : neg_inf();
+    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+    }
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+    m0 = mn0; m1 = mn1;
+    const float e0 = exp2f(x0 - mn0), e1 = exp2f(x1 - mn1), e2 = exp2f(x2 - mn0), e3 = exp2f(x3 - mn1);
+    l0 = l0 * al0 + e0 + e2;
+    l1 = l1 * al1 + e1 + e3;
+#pragma unroll
+    for (int j = 0; j < KC; ++j) {
+      acc[j][0] *= al0; acc[j][1] *= al1; acc[j][2] *= al0; acc[j][3] *= al1;
+    }
+    z0 *= al0; z1 *= al1;
+    // P' = P · (V scale of the token), rounded to the P·V operand type
+    const uint16_t b0 = bits16<CTV>(e0 * vsc_g), b1 = bits16<CTV>(e1 * vsc_g);
+    const uint16_t b2 = bits16<CTV>(e2 * vsc_g8), b3 = bits16<CTV>(e3 * vsc_g8);
+    if constexpr (FMT == INT4) {  // Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees
+      z0 += from_bits16<CTV>(b0) * vzp_g + from_bits16<CTV>(b2) * vzp_g8;
+      z1 += from_bits16<CTV>(b1) * vzp_g + from_bits16<CTV>(b3) * vzp_g8;
+    }
+    uint16_t* ps = p_sm[warp];
+    ps[(2 * c) * 16 + tg] = b0;
+    ps[(2 * c + 1) * 16 + tg] = b1;
+    ps[(2 * c) * 16 + tg8] = b2;
+    ps[(2 * c + 1) * 16 + tg8] = b3;
+    __syncwarp();
+    const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c);
+    const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c + 8);
+    __syncwarp();
+
+    // ---- O^T += V^T·P^T
+#pragma unroll
+    for (int j = 0; j < KC; ++j) {
+      const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
+      const uint32_t a0 = v_operand<FMT, D>(v0, v1, 2 * j, sfv01[gi]);
+      const uint32_t a1 = v_operand<FMT, D>(v0, v1, 2 * j + 1, sfv01[gi]);
+      const uint32_t a2 = v_operand<FMT, D>(v2, v3, 2 * j, sfv23[gi]);
+      const uint32_t a3 = v_operand<FMT, D>(v2, v3, 2 * j + 1, sfv23[gi]);
+      Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
+    }
+  }
+
+  // ---- merge the lanes' partial sums, then the warps
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    z0 += __shfl_xor_sync(0xffffffffu, z0, off);
+    z1 += __shfl_xor_sync(0xffffffffu, z1, off);
+  }
+  {
+    float* ow = o_sm[warp];
+#pragma unroll
+    for (int j = 0; j < KC; ++j) {
+      const int dim = g * (D / 8) + 2 * j;
+      *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
+      *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
+    }
+    if (g == 0) {
+      m_sm[warp][2 * c] = m0; m_sm[warp][2 * c + 1] = m1;
+      l_sm[warp][2 * c] = l0; l_sm[warp][2 * c + 1] = l1;
+    }
+  }
+  __syncthreads();
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : 1.f;
+  for (int idx = tid; idx < NCOL * D; idx += NW * 32) {
+    const int n = idx / D, dim = idx - n * D;
+    float M = m_sm[0][n];
+#pragma unroll
+    for (int w = 1; w < NW; ++w) M = fmaxf(M, m_sm[w][n]);
+    float O = 0.f, Ls = 0.f;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) {
+      const float f = exp2f(m_sm[w][n] - M);
+      O += o_sm[w][n * D + dim] * f;
+      Ls += l_sm[w][n] * f;
+    }
+    O *= vfac;
+    if (part >= 0) {
+      const size_t slot = (static_cast<size_t>(part) * gridDim.y + blockIdx.y) * NCOL + n;
+      ws_o[slot * D + dim] = O;
+      if (dim == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
+    } else {
+      const float v = Ls > 0.f ? O / Ls : 0.f;
+      if constexpr (FMT == INT4) {
+        o_sm[0][n * D + dim] = v;  // only this thread touches (n, dim)
+      } else {
+        const int tok = tok0 + n / hpc;
+        if (n < tpc * hpc && tok < Lq) {
+          const int qhead = kvh * G + hg * hpc + n % hpc;
+          out[(static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + dim] = from_float<T>(v);
+        }
+      }
+    }
+  }
+  if constexpr (FMT == INT4) {
+    if (part < 0) {
+      __syncthreads();
+      for (int n = warp; n < NCOL; n += NW) {
+        float x[E];
+#pragma unroll
+        for (int j = 0; j < E; ++j) x[j] = o_sm[0][n * D + lane * E + j];
+        inverse_rht_group<E, 32>(x, lane);
+        const int tok = tok0 + n / hpc;
+        if (n < tpc * hpc && tok < Lq) {
+          const int qhead = kvh * G + hg * hpc + n % hpc;
+          T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+          for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+        }
+      }
+    }
+  }
+}
+
+// Merge the splits of flash-decoding. One CTA = (reduction item, column group y), one warp
+// per column. Item: seq, tok0, part0, nparts (the parts are consecutive). Reads
+// nparts·(D + 2) floats per column, writes D elements.
+template <int D, typename T, bool ROT>
+__global__ void __launch_bounds__(NCOL * 32)
+paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
+                       const float* __restrict__ ws_ml, const int* __restrict__ red_items,
+                       const int* __restrict__ query_start_loc, int num_kv_heads,
+                       int num_q_heads, int hpc, int tpc) {
+  constexpr int E = D / 32;
+  const int lane = threadIdx.x & 31, n = threadIdx.x >> 5;
+  const int* it = red_items + 4 * blockIdx.x;
+  const int seq = it[0], tok0 = it[1], part0 = it[2], nparts = it[3];
+  const int G = num_q_heads / num_kv_heads;
+  const int nhg = G / hpc;
+  const int kvh = blockIdx.y / nhg, hg = blockIdx.y % nhg;
+  const int qs = query_start_loc[seq];
+  const int Lq = query_start_loc[seq + 1] - qs;
+  const int tok = tok0 + n / hpc;
+  const bool valid = (n < tpc * hpc) && (tok < Lq);
+  float M = NEG_BIG;
+  for (int p = 0; p < nparts; ++p) {
+    const size_t slot = (static_cast<size_t>(part0 + p) * gridDim.y + blockIdx.y) * NCOL + n;
+    M = fmaxf(M, ws_ml[2 * slot]);
+  }
+  float x[E], Ls = 0.f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) x[j] = 0.f;
+  for (int p = 0; p < nparts; ++p) {
+    const size_t slot = (static_cast<size_t>(part0 + p) * gridDim.y + blockIdx.y) * NCOL + n;
+    const float f = exp2f(ws_ml[2 * slot] - M);
+    Ls += ws_ml[2 * slot + 1] * f;
+    const float* o = ws_o + slot * D + lane * E;
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] += o[j] * f;
+  }
+  const float inv = Ls > 0.f ? 1.f / Ls : 0.f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) x[j] *= inv;
+  if constexpr (ROT) inverse_rht_group<E, 32>(x, lane);
+  if (valid) {
+    const int qhead = kvh * G + hg * hpc + n % hpc;
+    T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+    for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+  }
+}

@@ -1,0 +1,261 @@
+"""GPU paged attention (``kernels_cu/paged_attention.cu``). Reference: :mod:`kvlab.reference.attention`.
+
+SPEC 2.4 semantics for every format: ragged batches mixing decode and (chunked)
+prefill, GQA, causal, optional sliding window. Two steps, as FlashInfer's
+plan/run:
+
+* :func:`plan_paged_attention` validates the arguments (host copies of the small
+  index arrays) and builds the work list: *work items* of up to 8 query columns
+  — (query token, query head) pairs of one sequence sharing a KV head — and a
+  range of KV positions. Long ranges are split (flash-decoding) so that a batch
+  of one long sequence still fills the GPU; the splits are merged by a second
+  kernel.
+* :meth:`AttentionPlan.run` launches the kernels on the caller's stream. A model
+  runs one plan for all its layers (the metadata is the same), which is why the
+  benchmarks time ``run``.
+
+:func:`paged_attention` does both.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .. import arrays, validate
+from . import launch as L
+from .loader import KernelSpec, get_kernel, register
+
+FAMILY = "paged_attention"
+#: format name -> FMT template code (attention_common.cuh ``enum Fmt``)
+FORMAT_CODES = {
+    "auto": 0,
+    "int8_per_token_head": 1,
+    "fp8_per_token_head": 2,
+    "int4_per_token_head": 3,
+    "nvfp4": 4,
+}
+HEAD_SIZES = (64, 128, 256)
+Q_DTYPES = ("bfloat16", "float16")
+NW = 4          # warps per attention CTA
+NCOL = 8        # query columns per CTA
+ITEM = 5        # ints per work item
+MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of 16 tokens
+
+SPECS = register(FAMILY, [
+    *[KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
+      for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
+    *[KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot))
+      for d in HEAD_SIZES for t in Q_DTYPES for rot in (False, True)],
+])
+
+
+def _decode_spec(code, d, t):
+    return KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
+
+
+def _reduce_spec(d, t, rot):
+    return KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot))
+
+
+def heads_per_column_group(group: int) -> int:
+    """Query heads of one KV head placed side by side in the 8 columns: the largest divisor of G ≤ 8."""
+    for h in range(min(group, NCOL), 0, -1):
+        if group % h == 0:
+            return h
+    return 1
+
+
+def _ctas_per_sm(kernel, device_id) -> int:
+    import cupy
+
+    regs = max(int(kernel.num_regs), 1)
+    warp_regs = -(-regs * 32 // 256) * 256
+    by_regs = 65536 // (warp_regs * NW)
+    smem = int(kernel.shared_size_bytes) + 1024
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    smem_sm = int(props.get("sharedMemPerMultiprocessor", 228 * 1024))
+    by_smem = smem_sm // max(smem, 1)
+    return max(1, min(by_regs, by_smem, 2048 // (NW * 32), 32))
+
+
+@dataclass
+class AttentionPlan:
+    """Work list and launch parameters of one paged-attention call (see module docstring)."""
+
+    fmt_code: int
+    head_size: int
+    q_dtype: str
+    num_tokens: int
+    num_q_heads: int
+    num_kv_heads: int
+    block_size: int
+    hpc: int
+    tpc: int
+    ny: int
+    scale_log2: float
+    k_scale: float
+    v_scale: float
+    window: int
+    swizzle_v: int
+    items: object        # device int32 (n_items, ITEM)
+    red_items: object    # device int32 (n_red, 4) or None
+    n_items: int
+    n_red: int
+    n_parts: int
+    ws_o: object
+    ws_ml: object
+    device_id: int
+
+    def run(self, q, kv_cache, block_table, seq_lens, query_start_loc, out=None):
+        """Launch on the caller's stream; returns ``out`` ``(num_tokens, num_q_heads, head_size)``."""
+        if out is None:
+            out = L.empty(q, (self.num_tokens, self.num_q_heads, self.head_size), self.q_dtype)
+        if self.n_items == 0:
+            return out
+        d, t = self.head_size, self.q_dtype
+        bt_stride = arrays.shape(block_table)[1]
+        with L.stream_of(q):
+            k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
+            L.launch(k, (self.n_items, self.ny), (NW * 32,), (
+                L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
+                L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.items),
+                L.i32(self.num_kv_heads), L.i32(self.num_q_heads), L.i32(self.hpc),
+                L.i32(self.tpc), L.i32(int(math.log2(self.block_size))),
+                L.f32(self.scale_log2), L.f32(self.k_scale), L.f32(self.v_scale),
+                L.i32(self.window), L.i32(self.swizzle_v),
+                L.ptr(self.ws_o), L.ptr(self.ws_ml),
+            ))
+            if self.n_red:
+                r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"]),
+                               self.device_id)
+                L.launch(r, (self.n_red, self.ny), (NCOL * 32,), (
+                    L.ptr(out), L.ptr(self.ws_o), L.ptr(self.ws_ml), L.ptr(self.red_items),
+                    L.ptr(query_start_loc), L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
+                    L.i32(self.hpc), L.i32(self.tpc),
+                ))
+        return out
+
+
+def _work_list(qsl, sl, tpc, window, ny, capacity):
+    """Host work list: items (seq, tok0, kv_lo, kv_hi, part) and reductions (seq, tok0, part0, nparts)."""
+    qlen = np.diff(qsl)
+    ntok_tiles = -(-qlen // tpc)
+    S = len(sl)
+    seq = np.repeat(np.arange(S), ntok_tiles)
+    if seq.size == 0:
+        return np.zeros((0, ITEM), np.int32), np.zeros((0, 4), np.int32), 0
+    first = np.repeat(np.cumsum(ntok_tiles) - ntok_tiles, ntok_tiles)
+    tok0 = (np.arange(seq.size) - first) * tpc
+    last = np.minimum(tok0 + tpc, qlen[seq]) - 1
+    base = sl[seq] - qlen[seq]
+    pmin, pmax = base + tok0, base + last
+    hi = pmax + 1
+    lo = np.maximum(pmin - window + 1, 0) if window else np.zeros_like(hi)
+    lo16 = lo & ~15
+    tiles = -(-(hi - lo16) // 16)
+    n_base = seq.size * ny
+    ns_target = max(1, capacity // max(n_base, 1))
+    ns = np.clip(np.minimum(ns_target, -(-(hi - lo16) // MIN_SPLIT_TOKENS)), 1, None)
+    per = -(-tiles // ns)                       # 16-token tiles per part
+    ns = -(-tiles // per)                       # drop empty parts
+    rows, reds, part = [], [], 0
+    single = ns == 1
+    if np.any(single):
+        idx = np.nonzero(single)[0]
+        rows.append(np.stack([seq[idx], tok0[idx], lo16[idx], hi[idx], -np.ones_like(idx)], 1))
+    multi = np.nonzero(~single)[0]
+    if multi.size:
+        nsm = ns[multi]
+        rep = np.repeat(multi, nsm)
+        k = np.arange(rep.size) - np.repeat(np.cumsum(nsm) - nsm, nsm)
+        kv_lo = lo16[rep] + k * per[rep] * 16
+        kv_hi = np.minimum(kv_lo + per[rep] * 16, hi[rep])
+        parts = np.arange(rep.size)
+        rows.append(np.stack([seq[rep], tok0[rep], kv_lo, kv_hi, parts], 1))
+        part0 = np.cumsum(nsm) - nsm
+        reds.append(np.stack([seq[multi], tok0[multi], part0, nsm], 1))
+        part = int(rep.size)
+    items = np.ascontiguousarray(np.concatenate(rows).astype(np.int32))
+    red = (np.ascontiguousarray(np.concatenate(reds).astype(np.int32)) if reds
+           else np.zeros((0, 4), np.int32))
+    return items, red, part
+
+
+def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
+                         softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
+                         num_splits=None) -> AttentionPlan:
+    """Validate and build the work list (see module docstring). ``num_splits`` forces the split count."""
+    fmt, dims, backend, meta = validate.check_paged_attention(
+        q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype, softmax_scale,
+        k_scale, v_scale, sliding_window,
+    )
+    if backend not in ("cupy", "torch"):
+        raise TypeError(f"q: kvlab.cuda.attention takes CuPy arrays or torch CUDA tensors, got {backend}")
+    qd = arrays.dtype_name(q)
+    if qd not in Q_DTYPES:
+        raise TypeError(f"q: the attention kernels take {list(Q_DTYPES)}, got {qd}")
+    if not arrays.is_contiguous(q):
+        raise ValueError("q: must be contiguous (num_tokens, num_q_heads, head_size)")
+    for name, a in (("block_table", block_table), ("seq_lens", seq_lens),
+                    ("query_start_loc", query_start_loc)):
+        if not arrays.is_contiguous(a):
+            raise ValueError(f"{name}: must be contiguous")
+    d = dims.head_size
+    if d not in HEAD_SIZES:
+        raise ValueError(f"kv_cache: the attention kernels support head sizes {list(HEAD_SIZES)}, got {d}")
+    bs = dims.block_size
+    if bs < 16 or bs & (bs - 1):
+        raise ValueError(f"kv_cache: the attention kernels need a power-of-two block_size >= 16, got {bs}")
+    if fmt.stores_model_dtype and arrays.dtype_name(kv_cache) != qd:
+        raise TypeError(f"kv_cache: an 'auto' cache must have q's dtype {qd}, got {arrays.dtype_name(kv_cache)}")
+    devs = {arrays.device_id(x) for x in (q, kv_cache, block_table, seq_lens, query_start_loc)}
+    if len(devs) != 1:
+        raise ValueError(f"q, kv_cache, block_table, seq_lens, query_start_loc: must be on one device, got {sorted(devs)}")
+    dev = devs.pop()
+    code = FORMAT_CODES[fmt.name]
+    T, Hq = meta["num_tokens"], meta["num_q_heads"]
+    Hkv = dims.num_kv_heads
+    G = Hq // Hkv
+    hpc = heads_per_column_group(G)
+    tpc = NCOL // hpc
+    ny = Hkv * (G // hpc)
+    window = int(meta["sliding_window"] or 0)
+    kern = get_kernel(_decode_spec(code, d, qd), dev)
+    import cupy
+
+    n_sm = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    capacity = n_sm * _ctas_per_sm(kern, dev)
+    if num_splits is not None:
+        capacity = int(num_splits) * max(1, ny)  # ns_target = num_splits per item (when 1 item)
+    items, red, n_parts = _work_list(meta["query_start_loc"], meta["seq_lens"], tpc, window, ny, capacity)
+    scale_log2 = meta["softmax_scale"] * math.log2(math.e)
+    if fmt.name == "int4_per_token_head":
+        scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
+    with cupy.cuda.Device(dev):
+        with L.stream_of(q):
+            items_d = cupy.asarray(items) if len(items) else cupy.zeros((1, ITEM), cupy.int32)
+            red_d = cupy.asarray(red) if len(red) else None
+            ws_o = cupy.empty((max(n_parts, 1) * ny * NCOL * d,), cupy.float32)
+            ws_ml = cupy.empty((max(n_parts, 1) * ny * NCOL * 2,), cupy.float32)
+    return AttentionPlan(
+        fmt_code=code, head_size=d, q_dtype=qd, num_tokens=T, num_q_heads=Hq, num_kv_heads=Hkv,
+        block_size=bs, hpc=hpc, tpc=tpc, ny=ny, scale_log2=scale_log2,
+        k_scale=meta["k_scale"], v_scale=meta["v_scale"], window=window,
+        swizzle_v=int(bool(getattr(fmt, "swizzle_v_scales", False))),
+        items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
+        ws_o=ws_o, ws_ml=ws_ml, device_id=dev,
+    )
+
+
+def paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
+                    softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None):
+    """Paged attention (SPEC 2.4) on the GPU → ``(num_tokens, num_q_heads, head_size)`` in q's dtype.
+
+    q: bf16 (torch) or fp16 (CuPy or torch), contiguous. kv_cache: any kvlab format, on
+    the same device. Same arguments as :func:`kvlab.reference.paged_attention`.
+    """
+    plan = plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype,
+                                softmax_scale, k_scale, v_scale, sliding_window)
+    return plan.run(q, kv_cache, block_table, seq_lens, query_start_loc)
