@@ -1,0 +1,99 @@
+"""Timing for memory-bound kernels: CUDA events, warm-up, a cold L2 between repeats.
+
+API used by every suite (``suite_*.py``):
+
+* :func:`bench_ms` ``(fn, repeats, cold_l2=True) -> dict(median_ms, p10_ms, p90_ms, repeats)``
+  times ``fn()`` (which launches GPU work on the current CuPy/torch stream — both are the
+  legacy default stream unless the caller changed them) with CUDA events around each call.
+  With ``cold_l2`` a buffer of twice the L2 size is overwritten before each repeat (outside
+  the timed interval), so no repeat reads its inputs from L2.
+* :func:`copy_bandwidth_gbps` ``(nbytes) -> float``: GB/s of a device-to-device copy that
+  moves ``nbytes`` in total (``nbytes/2`` read + ``nbytes/2`` written) — the bandwidth
+  ceiling a kernel moving ``nbytes`` is compared with, measured in the same process.
+* :func:`gbps` ``(nbytes, ms)``: 1e9 bytes per second.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+
+def gbps(nbytes: float, ms: float) -> float:
+    return float(nbytes) / (ms * 1e-3) / 1e9
+
+
+@functools.cache
+def l2_bytes(device_id: int = 0) -> int:
+    import cupy
+
+    return int(cupy.cuda.runtime.deviceGetAttribute(cupy.cuda.runtime.cudaDevAttrL2CacheSize, device_id))
+
+
+@functools.cache
+def _flush_buffer(device_id: int):
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        return cupy.empty(max(2 * l2_bytes(device_id), 8 << 20), dtype=cupy.uint8)
+
+
+def synchronize() -> None:
+    import cupy
+
+    cupy.cuda.runtime.deviceSynchronize()
+
+
+def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3) -> dict:
+    """Median and 10th/90th percentile milliseconds of ``fn()`` over ``repeats`` timed calls.
+
+    The first ``warmup`` calls (compilation, allocator warm-up) are not timed.
+    """
+    import cupy
+
+    for _ in range(max(warmup, 1)):
+        fn()
+    synchronize()
+    dev = cupy.cuda.runtime.getDevice()
+    flush = _flush_buffer(dev) if cold_l2 else None
+    starts = [cupy.cuda.Event() for _ in range(repeats)]
+    ends = [cupy.cuda.Event() for _ in range(repeats)]
+    for i in range(repeats):
+        if flush is not None:
+            flush.fill(i & 0xFF)  # overwrite 2x L2 so the next call starts cold
+        starts[i].record()
+        fn()
+        ends[i].record()
+    ends[-1].synchronize()
+    synchronize()
+    t = np.array([cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
+    return dict(median_ms=float(np.median(t)), p10_ms=float(np.percentile(t, 10)),
+                p90_ms=float(np.percentile(t, 90)), repeats=int(repeats))
+
+
+@functools.cache
+def _copy_result(nbytes: int, repeats: int) -> dict:
+    import cupy
+
+    half = max(int(nbytes) // 2, 1)
+    src = cupy.empty(half, dtype=cupy.uint8)
+    dst = cupy.empty(half, dtype=cupy.uint8)
+    src.fill(1)
+
+    def copy():
+        dst.data.copy_from_device_async(src.data, half)
+
+    r = bench_ms(copy, repeats=repeats, cold_l2=True)
+    r["gbps"] = gbps(2 * half, r["median_ms"])
+    del src, dst
+    return r
+
+
+def copy_bench(nbytes: int, repeats: int = 50) -> dict:
+    """:func:`bench_ms` of a D2D copy moving ``nbytes`` (read + write), plus its ``gbps``. Cached per size."""
+    return dict(_copy_result(int(nbytes), int(repeats)))
+
+
+def copy_bandwidth_gbps(nbytes: int, repeats: int = 50) -> float:
+    """GB/s (read + write counted) of a device-to-device copy moving ``nbytes`` in total."""
+    return copy_bench(nbytes, repeats)["gbps"]
