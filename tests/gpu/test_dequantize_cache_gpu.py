@@ -144,11 +144,11 @@ def test_e2m1_e4m3_encoders_match_reference(rng):
     mags = np.unique(np.abs(e4[np.isfinite(e4)]))
     mids = (mags[1:] + mags[:-1]) / 2                   # exact ties of E4M3 (RNE decides)
     e2 = np.unique(np.abs(fp_codecs.E2M1_VALUES))
-    mids2 = (e2[1:] + e2[:-1]) / 2                      # ties of E2M1
+    mids2 = ((e2[1:] + e2[:-1]) / 2).astype(np.float32)  # ties of E2M1
     special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 448, 464, 465, 480, 1e9, -1e9,
                         2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11, 2.0 ** -6, 6, 7, -0.1, -0.24])
-    allx = np.concatenate([x, mids, -mids, mids2, -mids2, np.nextafter(mids2, 0),
-                           np.nextafter(mids2, 10), special]).astype(np.float32)
+    allx = np.concatenate([x, mids, -mids, mids2, -mids2, np.nextafter(mids2, np.float32(0)),
+                           np.nextafter(mids2, np.float32(10)), special]).astype(np.float32)
     c2, c4 = gpu.codec_probe(cupy.asarray(allx))
     with np.errstate(invalid="ignore"):
         want2, want4 = fp_codecs.e2m1_encode(allx), fp_codecs.e4m3_encode(allx)
