@@ -29,9 +29,22 @@ def discover() -> dict:
     suites = {}
     for m in pkgutil.iter_modules(pkg.__path__):
         if m.name.startswith("suite_"):
-            mod = importlib.import_module(f"kvlab.bench.{m.name}")
+            try:
+                mod = importlib.import_module(f"kvlab.bench.{m.name}")
+            except Exception as e:  # one broken suite must not take the others down
+                mod = _BrokenSuite(m.name[len("suite_"):], e)
             suites[getattr(mod, "NAME", m.name[len("suite_"):])] = mod
     return dict(sorted(suites.items()))
+
+
+class _BrokenSuite:
+    """Stands in for a suite module that failed to import; running it raises the import error."""
+
+    def __init__(self, name, error):
+        self.NAME, self.error = name, error
+
+    def run(self, quick, progress):
+        raise RuntimeError(f"suite {self.NAME!r} failed to import: {self.error!r}")
 
 
 def gpu_or_none():
