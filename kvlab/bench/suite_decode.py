@@ -1,0 +1,135 @@
+"""Benchmark suite ``decode``: paged decode attention (query length 1) for every format.
+
+Grid: batch 1, 8, 32, 64 × context 1k, 8k, 32k, 128k (cases above 2^21 cached tokens are
+left out: memory and run time), for 32 query / 8 KV heads at head size 128 (the issue-4
+target shape), and a smaller grid for 9 / 3 heads at head size 64 (the lab's SmolLM2 model)
+and 32 / 8 at head size 64. Block size 16, blocks of each sequence in random order.
+
+Bytes per call = the cache bytes read: ``2 · B · L · H_kv · row_bytes`` (K and V; q and the
+output are < 0.1 % and not counted). Baselines in the same process:
+
+* torch ``scaled_dot_product_attention`` on a contiguous bf16 cache ``(B, H_kv, L, d)``
+  with ``enable_gqa=True`` — ``ratio_vs_baseline`` = time / this time;
+* kvlab's own ``auto`` (bf16) paged kernel (a row of its own);
+* a device-to-device copy moving the same bytes (``frac_of_copy`` = GB/s / copy GB/s).
+
+kvlab rows time :meth:`kvlab.cuda.attention.AttentionPlan.run` — the kernels only; the plan
+(validation, host work list) is built once per batch, as an inference engine builds the
+attention metadata once per step for all layers. The target case also has a row for the
+whole ``kvlab.paged_attention`` call. vLLM's Triton INT4 attention is quoted (issue 4):
+1.09 ms for 64 × 4,096 tokens, 32/8 heads, d = 128 on an H200.
+"""
+from __future__ import annotations
+
+import math
+
+from .timing import bench_ms, copy_bandwidth_gbps, gbps
+
+NAME = "decode"
+FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
+BLOCK_SIZE = 16
+MAX_TOKENS = 1 << 21
+VLLM_TRITON_INT4_MS = 1.09   # 64 × 4096, 32/8 heads, d=128, H200 (issue 4)
+
+
+def _grid(quick):
+    if quick:
+        return [((32, 8, 128), [(32, 8192), (1, 131072)])]
+    full = [(b, c) for b in (1, 8, 32, 64) for c in (1024, 8192, 32768, 131072) if b * c <= MAX_TOKENS]
+    small = [(b, c) for b in (1, 32) for c in (8192, 131072) if b * c <= MAX_TOKENS]
+    return [((32, 8, 128), full + [(64, 4096)]), ((9, 3, 64), small), ((32, 8, 64), small)]
+
+
+def _sdpa(torch, q, k, v, scale):
+    F = torch.nn.functional
+    try:
+        return F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    except TypeError:  # older torch: expand the KV heads
+        g = q.shape[1] // k.shape[1]
+        return F.scaled_dot_product_attention(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1),
+                                              scale=scale)
+
+
+def build_batch(torch, B, ctx, Hq, Hkv, d, seed=0):
+    """Random bf16 K/V, a decode query per sequence, a shuffled block table."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    T = B * ctx
+    key = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    value = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    nb_seq = -(-ctx // BLOCK_SIZE)
+    nb = B * nb_seq
+    perm = torch.randperm(nb, device="cuda", generator=g).to(torch.int32)
+    block_table = perm.view(B, nb_seq).contiguous()
+    pos = torch.arange(ctx, device="cuda")
+    slots = (block_table.long()[:, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).reshape(-1)
+    q = torch.randn((B, Hq, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    seq_lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
+    qsl = torch.arange(B + 1, device="cuda", dtype=torch.int32)
+    return dict(key=key, value=value, block_table=block_table, slots=slots, q=q, seq_lens=seq_lens,
+                query_start_loc=qsl, num_blocks=nb)
+
+
+def run(quick: bool, progress) -> list[dict]:
+    import torch
+
+    import kvlab
+    from kvlab.cuda.attention import plan_paged_attention
+
+    repeats = 10 if quick else 30
+    grid = _grid(quick)
+    progress.total(sum(len(cases) * (len(FORMATS) + 1) for _, cases in grid))
+    rows = []
+    for (Hq, Hkv, d), cases in grid:
+        for B, ctx in cases:
+            case = f"B={B} L={ctx} {Hq}/{Hkv} d={d}"
+            b = build_batch(torch, B, ctx, Hq, Hkv, d)
+            scale = 1.0 / math.sqrt(d)
+            # SDPA on a contiguous bf16 cache
+            k_c = b["key"].view(B, ctx, Hkv, d).transpose(1, 2).contiguous()
+            v_c = b["value"].view(B, ctx, Hkv, d).transpose(1, 2).contiguous()
+            q_c = b["q"].view(B, Hq, 1, d)
+            base = bench_ms(lambda: _sdpa(torch, q_c, k_c, v_c, scale), repeats)
+            bytes_bf16 = 2 * B * ctx * Hkv * d * 2
+            cp_bf16 = copy_bandwidth_gbps(bytes_bf16, repeats)
+            g_b = gbps(bytes_bf16, base["median_ms"])
+            rows.append(dict(suite=NAME, case=case, impl="torch SDPA bf16 (baseline)",
+                             median_ms=base["median_ms"], bytes=bytes_bf16, gbps=g_b,
+                             frac_of_copy=g_b / cp_bf16, ratio_vs_baseline=1.0,
+                             notes=f"contiguous cache, enable_gqa; copy {cp_bf16:.0f} GB/s"))
+            del k_c, v_c
+            progress(f"{case} sdpa")
+            for name in FORMATS:
+                fmt = kvlab.get_format(name)
+                cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, Hkv, d, like=b["key"])
+                kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
+                plan = plan_paged_attention(b["q"], cache, b["block_table"], b["seq_lens"],
+                                            b["query_start_loc"], name)
+                args = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
+                out = torch.empty_like(b["q"])
+                r = bench_ms(lambda: plan.run(*args, out=out), repeats)
+                row_bytes = 2 * d if name == "auto" else fmt.row_bytes(d)
+                nbytes = 2 * B * ctx * Hkv * row_bytes
+                cp = copy_bandwidth_gbps(nbytes, repeats)
+                g_k = gbps(nbytes, r["median_ms"])
+                notes = (f"{plan.n_items}x{plan.ny} CTAs, {plan.n_red} reductions; "
+                         f"byte floor {row_bytes / (2 * d):.3f}x bf16")
+                if (B, ctx, d) == (64, 4096, 128) and name == "int4_per_token_head":
+                    notes += f"; vLLM Triton INT4 {VLLM_TRITON_INT4_MS} ms (quoted) -> " \
+                             f"{VLLM_TRITON_INT4_MS / r['median_ms']:.1f}x faster"
+                rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name}", median_ms=r["median_ms"],
+                                 bytes=nbytes, gbps=g_k, frac_of_copy=g_k / cp,
+                                 ratio_vs_baseline=r["median_ms"] / base["median_ms"], notes=notes,
+                                 p10_ms=r["p10_ms"], p90_ms=r["p90_ms"]))
+                if (B, ctx, Hq, d) == (32, 8192, 32, 128) and name == "int4_per_token_head":
+                    full = bench_ms(lambda: kvlab.paged_attention(*args, kv_cache_dtype=name), repeats)
+                    rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name} (whole call)",
+                                     median_ms=full["median_ms"], bytes=nbytes,
+                                     gbps=gbps(nbytes, full["median_ms"]),
+                                     frac_of_copy=gbps(nbytes, full["median_ms"]) / cp,
+                                     ratio_vs_baseline=full["median_ms"] / base["median_ms"],
+                                     notes="validation + host work list + upload + kernels"))
+                progress(f"{case} {name}")
+                del cache, plan, out
+            del b
+            torch.cuda.empty_cache()
+    return rows

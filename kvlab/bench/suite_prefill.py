@@ -1,0 +1,78 @@
+"""Benchmark suite ``prefill``: causal prompts of 4,096 and 16,384 tokens, 32 query / 8 KV heads, d = 128.
+
+One sequence whose whole prompt is the query (query length = KV length, causal), read from
+a paged cache of each format (block size 16, blocks in random order). Baseline in the same
+process: torch ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)`` on
+contiguous bf16 q/K/V — ``ratio_vs_baseline`` = time / its time. Prefill is compute-bound,
+so the notes give TFLOP/s (causal: 2 · 2 · H_q · d · T² / 2 flops); ``bytes`` counts the
+cache bytes read once. kvlab rows time :meth:`AttentionPlan.run` (plan built once).
+"""
+from __future__ import annotations
+
+import math
+
+from .timing import bench_ms, copy_bandwidth_gbps, gbps
+
+NAME = "prefill"
+FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
+HQ, HKV, D, BLOCK_SIZE = 32, 8, 128, 16
+
+
+def run(quick: bool, progress) -> list[dict]:
+    import torch
+
+    import kvlab
+    from kvlab.cuda.attention import plan_paged_attention
+
+    from .suite_decode import build_batch
+
+    repeats = 5 if quick else 15
+    lengths = (4096,) if quick else (4096, 16384)
+    progress.total(len(lengths) * (len(FORMATS) + 1))
+    rows = []
+    for T in lengths:
+        case = f"T={T} causal {HQ}/{HKV} d={D}"
+        b = build_batch(torch, 1, T, HQ, HKV, D, seed=7)
+        g = torch.Generator(device="cuda").manual_seed(11)
+        q = torch.randn((T, HQ, D), device="cuda", dtype=torch.bfloat16, generator=g)
+        qsl = torch.tensor([0, T], device="cuda", dtype=torch.int32)
+        flops = 2 * 2 * HQ * D * T * T / 2
+        q_c = q.transpose(0, 1).unsqueeze(0).contiguous()
+        k_c = b["key"].transpose(0, 1).unsqueeze(0).contiguous()
+        v_c = b["value"].transpose(0, 1).unsqueeze(0).contiguous()
+        F = torch.nn.functional
+
+        def sdpa():
+            return F.scaled_dot_product_attention(q_c, k_c, v_c, is_causal=True, enable_gqa=True,
+                                                  scale=1.0 / math.sqrt(D))
+
+        base = bench_ms(sdpa, repeats)
+        bytes_bf16 = 2 * T * HKV * D * 2
+        rows.append(dict(suite=NAME, case=case, impl="torch SDPA bf16 causal (baseline)",
+                         median_ms=base["median_ms"], bytes=bytes_bf16,
+                         gbps=gbps(bytes_bf16, base["median_ms"]), frac_of_copy=None,
+                         ratio_vs_baseline=1.0,
+                         notes=f"{flops / base['median_ms'] / 1e9:.0f} TFLOP/s"))
+        progress(f"{case} sdpa")
+        del q_c, k_c, v_c
+        for name in FORMATS:
+            fmt = kvlab.get_format(name)
+            cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, HKV, D, like=b["key"])
+            kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
+            args = (q, cache, b["block_table"], b["seq_lens"], qsl)
+            plan = plan_paged_attention(*args, name)
+            out = torch.empty_like(q)
+            r = bench_ms(lambda: plan.run(*args, out=out), repeats)
+            row_bytes = 2 * D if name == "auto" else fmt.row_bytes(D)
+            nbytes = 2 * T * HKV * row_bytes
+            rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name}", median_ms=r["median_ms"],
+                             bytes=nbytes, gbps=gbps(nbytes, r["median_ms"]),
+                             frac_of_copy=gbps(nbytes, r["median_ms"]) / copy_bandwidth_gbps(nbytes, repeats),
+                             ratio_vs_baseline=r["median_ms"] / base["median_ms"],
+                             notes=f"{flops / r['median_ms'] / 1e9:.0f} TFLOP/s; {plan.n_items}x{plan.ny} CTAs"
+                                   + (f" ({plan.kernel_name})" if hasattr(plan, "kernel_name") else "")))
+            progress(f"{case} {name}")
+            del cache, plan, out
+        del b, q
+        torch.cuda.empty_cache()
+    return rows

@@ -1,0 +1,262 @@
+"""GPU paged attention (kernels_cu/paged_attention.cu) against the float64 reference.
+
+The reference is :func:`kvlab.reference.paged_attention` with ``out_dtype=float64`` on the
+*same cache bytes*, so it is attention over the dequantized cache and the kernel is judged
+on its arithmetic alone, not on quantization error.
+
+Tolerance (``check_close``), per output dtype:
+
+* bf16 output: relative L2 error ≤ 5e-3 and max |err| ≤ 2^-6·max|ref|. The output rounding
+  alone is up to 2^-9 (≈ 2e-3) relative per element (RMS ≈ 1.1e-3); the kernel also rounds
+  P (softmax weights, times the V scale) to bf16 before the P·V mma (2^-9 relative per weight,
+  random sign, averaged over many keys) and q to fp16 for Q·K (2^-12); everything is
+  accumulated in float32. Together these stay well under 5e-3; a wrong mask, a missed split or
+  a mis-decoded element moves the error by orders of magnitude (see
+  ``test_tolerance_rejects_wrong_outputs``).
+* fp16 output: relative L2 ≤ 3e-3 (output rounding 2^-12, the bf16 P rounding dominates).
+
+Tests build caches with the NumPy reference writer (independent of the GPU write kernels),
+fill the unused cache slots with random garbage bytes (a kernel reading a wrong slot or a
+position past ``seq_lens`` fails), and poison the output buffer with NaN first.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import kvlab
+from kvlab import reference
+from kvlab.arrays import NUMPY_BF16
+from kvlab.formats import calibrate_global_scale, get_format
+
+pytestmark = pytest.mark.gpu
+
+FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
+
+REL_L2 = {"bfloat16": 5e-3, "float16": 3e-3}
+MAX_ABS_FRAC = 2.0 ** -6
+
+
+def check_close(out, ref, dtype_name, what=""):
+    """Relative L2 and max-abs bound of ``out`` against the float64 ``ref`` (see module docstring)."""
+    out = np.asarray(out, dtype=np.float64)
+    assert np.all(np.isfinite(out)), f"{what}: non-finite outputs (poisoned slots not written?)"
+    err = out - ref
+    rel = np.linalg.norm(err) / max(np.linalg.norm(ref), 1e-30)
+    mx = np.abs(err).max()
+    bound = MAX_ABS_FRAC * np.abs(ref).max()
+    assert rel <= REL_L2[dtype_name], f"{what}: relative L2 error {rel:.3e} > {REL_L2[dtype_name]}"
+    assert mx <= bound, f"{what}: max abs error {mx:.3e} > {bound:.3e}"
+    return rel
+
+
+def _torch():
+    return pytest.importorskip("torch")
+
+
+def to_device(x, kind="torch"):
+    """NumPy (ml_dtypes bf16 included) → torch CUDA tensor or CuPy array."""
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(x)
+    torch = _torch()
+    if x.dtype == NUMPY_BF16:
+        return torch.from_numpy(x.view(np.int16).copy()).view(torch.bfloat16).cuda()
+    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def to_host(x):
+    if hasattr(x, "get"):
+        return x.get()
+    torch = _torch()
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).cpu().numpy().view(NUMPY_BF16)
+    return x.cpu().numpy()
+
+
+def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_lens,
+               q_dtype=NUMPY_BF16, global_scale=False):
+    """A ragged batch: random K/V written with the NumPy reference into a shuffled paged cache."""
+    fmt_obj = get_format(fmt) if isinstance(fmt, str) else fmt
+    q_lens = np.asarray(q_lens, np.int64)
+    kv_lens = np.asarray(kv_lens, np.int64)
+    S = len(kv_lens)
+    nblk = -(-kv_lens // block_size)
+    num_blocks = int(nblk.sum()) + 3
+    perm = rng.permutation(num_blocks)
+    maxb = int(nblk.max()) + 1
+    block_table = np.zeros((S, maxb), np.int32)
+    # unused entries point at random valid blocks: a kernel reading past seq_lens reads garbage
+    block_table[:] = rng.integers(0, num_blocks, size=(S, maxb))
+    used = 0
+    slots = []
+    for i in range(S):
+        blocks = perm[used: used + nblk[i]]
+        used += nblk[i]
+        block_table[i, : nblk[i]] = blocks
+        pos = np.arange(kv_lens[i])
+        slots.append(blocks[pos // block_size] * block_size + pos % block_size)
+    slots = np.concatenate(slots).astype(np.int64)
+    n = len(slots)
+    # per-token magnitudes vary over two decades: scales and zero points get exercised
+    mag = np.exp(rng.normal(0.0, 0.7, size=(n, num_kv_heads, 1)))
+    key = (rng.standard_normal((n, num_kv_heads, head_size)) * mag).astype(q_dtype)
+    value = (rng.standard_normal((n, num_kv_heads, head_size)) * mag + 0.3).astype(q_dtype)
+    ks = vs = 1.0
+    if global_scale:
+        ks = calibrate_global_scale(key.astype(np.float32))
+        vs = calibrate_global_scale(value.astype(np.float32))
+    shape = fmt_obj.cache_shape(num_blocks, block_size, num_kv_heads, head_size)
+    if fmt_obj.stores_model_dtype:
+        raw = rng.integers(0, 1 << 16, size=shape, dtype=np.uint16)  # garbage, NaNs included
+        cache = raw.view(q_dtype)
+    else:
+        cache = rng.integers(0, 256, size=shape, dtype=np.uint8)
+    reference.reshape_and_cache(key, value, cache, slots, fmt_obj, ks, vs)
+    T = int(q_lens.sum())
+    Hq = num_kv_heads * group
+    q = (rng.standard_normal((T, Hq, head_size)) * 1.5).astype(q_dtype)
+    qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    return dict(q=q, kv_cache=cache, block_table=block_table, seq_lens=kv_lens.astype(np.int32),
+                query_start_loc=qsl, kv_cache_dtype=fmt_obj, k_scale=ks, v_scale=vs)
+
+
+def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_scale=None):
+    from kvlab.cuda.attention import plan_paged_attention
+
+    dev = {k: to_device(case[k], kind) for k in ("q", "kv_cache", "block_table", "seq_lens",
+                                                  "query_start_loc")}
+    plan = plan_paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
+                                dev["query_start_loc"], case["kv_cache_dtype"], softmax_scale,
+                                case["k_scale"], case["v_scale"], sliding_window, num_splits=num_splits)
+    out = dev["q"].clone() if kind == "torch" else dev["q"].copy()
+    out[...] = float("nan")  # poison: every output element must be written
+    plan.run(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"],
+             out=out)
+    return to_host(out).astype(np.float64), plan
+
+
+def run_ref(case, sliding_window=None, softmax_scale=None):
+    return reference.paged_attention(
+        case["q"], case["kv_cache"], case["block_table"], case["seq_lens"], case["query_start_loc"],
+        case["kv_cache_dtype"], softmax_scale, case["k_scale"], case["v_scale"], sliding_window,
+        out_dtype=np.float64)
+
+
+def _mixed_lengths(rng, n_seq, max_ctx):
+    """Decode (q_len 1), prefill (q_len = kv_len) and chunked prefill, ragged, never multiples only."""
+    q_lens, kv_lens = [1, 1], [1, int(rng.integers(2, 40))]  # a length-1 sequence, a short one
+    for _ in range(n_seq):
+        L = int(rng.integers(17, max_ctx))
+        kind = rng.integers(0, 3)
+        lq = 1 if kind == 0 else (L if kind == 1 else int(rng.integers(2, min(L, 70))))
+        q_lens.append(lq)
+        kv_lens.append(L)
+    return q_lens, kv_lens
+
+
+# (num_kv_heads, group, head_size, block_size): GQA 1/3/4/8, head sizes 64/128/256, blocks 16/32
+SHAPES = [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 256, 16), (4, 1, 128, 32), (2, 8, 64, 16),
+          (1, 4, 256, 32)]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_mixed_batch(rng, fmt, shape):
+    hkv, group, d, bs = shape
+    q_lens, kv_lens = _mixed_lengths(rng, 5, 700)
+    case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
+    out, _ = run_gpu(case)
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("window", [1, 37, 300])
+def test_sliding_window(rng, fmt, window):
+    q_lens, kv_lens = _mixed_lengths(rng, 4, 900)
+    case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens)
+    out, _ = run_gpu(case, sliding_window=window)
+    check_close(out, run_ref(case, sliding_window=window), "bfloat16", f"{fmt} window={window}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("num_splits", [1, 7, None])
+def test_long_decode_splits(rng, fmt, num_splits):
+    """One long decode sequence and a short one: split-KV on and off give the same answer."""
+    case = build_case(rng, fmt, 2, 4, 128, 16, [1, 1], [5000 + int(rng.integers(0, 15)), 3])
+    out, plan = run_gpu(case, num_splits=num_splits)
+    if num_splits == 7:
+        assert plan.n_red > 0  # the reduction kernel ran
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} splits={num_splits}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_largest_context(rng, fmt):
+    """The largest context of this test: 32,771 tokens, one KV head, decode + a prefill chunk."""
+    case = build_case(rng, fmt, 1, 4, 64, 32, [1, 40], [32771, 32771])
+    out, _ = run_gpu(case)
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} 32k")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp16_cupy(rng, fmt):
+    """fp16 q as CuPy arrays (CuPy has no bf16); output comes back as CuPy."""
+    pytest.importorskip("cupy")
+    q_lens, kv_lens = _mixed_lengths(rng, 4, 500)
+    case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, q_dtype=np.float16)
+    out, _ = run_gpu(case, kind="cupy")
+    check_close(out, run_ref(case), "float16", f"{fmt} fp16")
+
+
+def test_nvfp4_swizzle_and_global_scale(rng):
+    fmt = get_format("nvfp4", swizzle_v_scales=True)
+    q_lens, kv_lens = _mixed_lengths(rng, 4, 600)
+    case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, global_scale=True)
+    assert case["k_scale"] != 1.0
+    out, _ = run_gpu(case)
+    check_close(out, run_ref(case), "bfloat16", "nvfp4 swizzled, calibrated scales")
+
+
+@pytest.mark.parametrize("fmt", ["int4_per_token_head", "auto"])
+def test_softmax_scale_and_public_api(rng, fmt):
+    torch = _torch()
+    q_lens, kv_lens = _mixed_lengths(rng, 3, 300)
+    case = build_case(rng, fmt, 2, 4, 64, 16, q_lens, kv_lens)
+    dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    out = kvlab.paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
+                                dev["query_start_loc"], kv_cache_dtype=fmt, softmax_scale=0.3)
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.is_cuda
+    check_close(to_host(out).astype(np.float64), run_ref(case, softmax_scale=0.3), "bfloat16", fmt)
+
+
+def test_tolerance_rejects_wrong_outputs(rng):
+    """The check fails loudly for an output uncorrelated with the reference, or slightly off."""
+    case = build_case(rng, "int4_per_token_head", 2, 4, 64, 16, [1, 5], [40, 60])
+    ref = run_ref(case)
+    with pytest.raises(AssertionError):
+        check_close(rng.permutation(ref.reshape(-1)).reshape(ref.shape), ref, "bfloat16")
+    with pytest.raises(AssertionError):
+        check_close(ref * 1.02, ref, "bfloat16")
+    with pytest.raises(AssertionError):
+        check_close(np.full_like(ref, np.nan), ref, "bfloat16")
+
+
+def test_errors(rng):
+    torch = _torch()
+    case = build_case(rng, "auto", 2, 4, 64, 16, [1], [20])
+    dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    from kvlab.cuda.attention import paged_attention
+
+    with pytest.raises(TypeError, match="q"):
+        paged_attention(dev["q"].float(), dev["kv_cache"], dev["block_table"], dev["seq_lens"],
+                        dev["query_start_loc"], "auto")
+    with pytest.raises(TypeError, match="kv_cache"):
+        paged_attention(dev["q"].half(), dev["kv_cache"], dev["block_table"], dev["seq_lens"],
+                        dev["query_start_loc"], "auto")
+    c8 = build_case(rng, "int8_per_token_head", 2, 4, 64, 8, [1], [20])
+    d8 = {k: to_device(c8[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    with pytest.raises(ValueError, match="block_size"):
+        paged_attention(d8["q"], d8["kv_cache"], d8["block_table"], d8["seq_lens"],
+                        d8["query_start_loc"], "int8_per_token_head")
+    assert torch.cuda.is_available()
