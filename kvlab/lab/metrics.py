@@ -1,0 +1,172 @@
+"""Error metrics: tensors, attention, and end to end (perplexity, KL of next-token distributions).
+
+Tensor metrics compare a quantized array with its original (any shapes, float):
+relative MSE ``‖x̂ − x‖² / ‖x‖²``, SQNR in dB ``−10·log10(rel. MSE)``, and the
+mean cosine similarity of head vectors (last axis).
+
+Attention metrics take one layer's captured queries ``(tokens, q_heads, d)``
+and keys/values ``(tokens, kv_heads, d)`` (GQA: query head ``i`` reads KV
+head ``i // (q_heads / kv_heads)``), causal:
+
+* score error: relative Frobenius error of the pre-softmax scores ``q·k·scale``
+  over the causal entries;
+* output error: relative error of ``softmax(scores) · V``.
+
+End to end (:func:`evaluate_recipe`): every window ``(context ‖ continuation)``
+is prefilled — context first, then the continuation in one chunk — into a
+:class:`~kvlab.lab.hf_cache.KVLabCache`; the next-token distributions of the
+``N`` continuation tokens are compared with those of an unquantized
+``DynamicCache`` run of the same windows: mean ``KL(p_ref ‖ p_quant)`` in nats
+per token, and perplexity of the continuation under each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+def rel_mse(x, xq) -> float:
+    """``‖xq − x‖² / ‖x‖²`` (float64 arithmetic)."""
+    x = np.asarray(x, dtype=np.float64)
+    e = np.asarray(xq, dtype=np.float64) - x
+    return float(np.sum(e * e) / max(np.sum(x * x), 1e-300))
+
+
+def sqnr_db(x, xq) -> float:
+    """Signal-to-quantization-noise ratio in dB (``inf`` for an exact copy)."""
+    r = rel_mse(x, xq)
+    return float("inf") if r == 0 else float(-10.0 * np.log10(r))
+
+
+def mean_cosine(x, xq) -> float:
+    """Mean cosine similarity of the vectors along the last axis (zero vectors count as 1)."""
+    x = np.asarray(x, dtype=np.float64)
+    xq = np.asarray(xq, dtype=np.float64)
+    num = np.sum(x * xq, axis=-1)
+    den = np.linalg.norm(x, axis=-1) * np.linalg.norm(xq, axis=-1)
+    cos = np.where(den > 0, num / np.where(den > 0, den, 1), 1.0)
+    return float(np.mean(cos))
+
+
+def tensor_errors(x, xq) -> dict:
+    """``{"rel_mse", "sqnr_db", "cosine"}`` of ``xq`` against ``x``."""
+    return {"rel_mse": rel_mse(x, xq), "sqnr_db": sqnr_db(x, xq), "cosine": mean_cosine(x, xq)}
+
+
+def _scores(q, k, scaling):
+    """Causal scores float64 ``(q_heads, T, T)`` (masked entries −inf) of q ``(T, Hq, d)``, k ``(T, Hkv, d)``."""
+    T, Hq, d = q.shape
+    Hkv = k.shape[1]
+    if Hq % Hkv:
+        raise ValueError(f"q: {Hq} query heads is not a multiple of {Hkv} KV heads")
+    kk = np.repeat(np.asarray(k, dtype=np.float64), Hq // Hkv, axis=1)
+    s = np.einsum("thd,shd->hts", np.asarray(q, dtype=np.float64), kk) * scaling
+    mask = np.triu(np.ones((T, T), dtype=bool), 1)
+    s[:, mask] = -np.inf
+    return s
+
+
+def _attend(s, v, Hq):
+    vv = np.repeat(np.asarray(v, dtype=np.float64), Hq // v.shape[1], axis=1)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    return np.einsum("hts,shd->thd", p, vv)
+
+
+def attention_errors(q, k, v, kq, vq, scaling: float) -> dict:
+    """``{"score_rel_err", "out_rel_err"}`` of one layer with quantized ``kq``/``vq``.
+
+    q: ``(T, q_heads, d)`` post-RoPE queries; k, v, kq, vq: ``(T, kv_heads, d)``.
+    """
+    q = np.asarray(q)
+    s = _scores(q, k, scaling)
+    sq = _scores(q, kq, scaling)
+    fin = np.isfinite(s)
+    score_err = np.linalg.norm(sq[fin] - s[fin]) / max(np.linalg.norm(s[fin]), 1e-300)
+    o = _attend(s, v, q.shape[1])
+    oq = _attend(sq, vq, q.shape[1])
+    out_err = np.linalg.norm(oq - o) / max(np.linalg.norm(o), 1e-300)
+    return {"score_rel_err": float(score_err), "out_rel_err": float(out_err)}
+
+
+# ---- end to end ----------------------------------------------------------------------------
+@dataclass
+class Reference:
+    """Unquantized next-token log-probabilities of the continuation tokens.
+
+    logprobs: float32 ``(windows, N, vocab)``; targets: int64 ``(windows, N)``;
+    nll: float64 ``(windows, N)``; context_len: int.
+    """
+
+    windows: np.ndarray
+    context_len: int
+    logprobs: np.ndarray
+    targets: np.ndarray
+    nll: np.ndarray
+
+    @property
+    def ppl(self) -> float:
+        return float(np.exp(self.nll.mean()))
+
+
+def _continuation_logprobs(lm, batch, context_len: int, cache):
+    """log-softmax float32 ``(b, N, vocab)`` predicting tokens ``context_len …`` of ``batch``."""
+    import torch
+
+    ids = torch.as_tensor(batch, device=lm.device)
+    with torch.no_grad():
+        a = lm.model(ids[:, :context_len], cache=cache, use_cache=True, logits_to_keep=1).logits
+        b = lm.model(ids[:, context_len:], cache=cache, use_cache=True).logits
+        logits = torch.cat([a[:, -1:], b[:, :-1]], dim=1).float()
+        return torch.log_softmax(logits, dim=-1).cpu().numpy()
+
+
+def _check_windows(windows, context_len):
+    windows = np.asarray(windows, dtype=np.int64)
+    if windows.ndim != 2:
+        raise ValueError(f"windows: expected (num_windows, window_len) token ids, got shape {windows.shape}")
+    if not (1 <= context_len < windows.shape[1]):
+        raise ValueError(f"context_len: expected 1 … {windows.shape[1] - 1}, got {context_len}")
+    return windows
+
+
+def reference_logprobs(lm, windows, context_len: int, batch_size: int = 2) -> Reference:
+    """Unquantized (``DynamicCache``) continuation log-probs of ``windows`` int64 ``(n, L)``."""
+    from transformers import DynamicCache
+
+    windows = _check_windows(windows, context_len)
+    outs = []
+    for i in range(0, len(windows), batch_size):
+        outs.append(_continuation_logprobs(lm, windows[i:i + batch_size], context_len,
+                                           DynamicCache(config=lm.model.config)))
+    lp = np.concatenate(outs)
+    tgt = windows[:, context_len:]
+    nll = -np.take_along_axis(lp, tgt[..., None], axis=-1)[..., 0].astype(np.float64)
+    return Reference(windows=windows, context_len=context_len, logprobs=lp, targets=tgt, nll=nll)
+
+
+def evaluate_recipe(lm, recipe, ref: Reference, calib=None, batch_size: int = 2) -> dict:
+    """KL and perplexity of ``recipe`` (a format name or Recipe) against ``ref``.
+
+    Returns ``{"kl", "kl_sem", "ppl", "ppl_ref", "delta_nll", "tokens"}``: mean KL
+    in nats/token, its standard error over windows, perplexities, mean NLL change.
+    """
+    from .hf_cache import KVLabCache
+
+    kls, nlls = [], []
+    w = ref.windows
+    for i in range(0, len(w), batch_size):
+        cache = KVLabCache(recipe, lm.model, calib=calib)
+        lq = _continuation_logprobs(lm, w[i:i + batch_size], ref.context_len, cache)
+        lr = ref.logprobs[i:i + batch_size]
+        kl = np.sum(np.exp(lr.astype(np.float64)) * (lr.astype(np.float64) - lq), axis=-1)
+        kls.append(kl)
+        tgt = ref.targets[i:i + batch_size]
+        nlls.append(-np.take_along_axis(lq, tgt[..., None], axis=-1)[..., 0].astype(np.float64))
+    kl = np.concatenate(kls)
+    nll = np.concatenate(nlls)
+    per_window = kl.mean(axis=1)
+    sem = float(per_window.std(ddof=1) / np.sqrt(len(per_window))) if len(per_window) > 1 else float("nan")
+    return {"kl": float(kl.mean()), "kl_sem": sem, "ppl": float(np.exp(nll.mean())), "ppl_ref": ref.ppl,
+            "delta_nll": float(nll.mean() - ref.nll.mean()), "tokens": int(kl.size)}
