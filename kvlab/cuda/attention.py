@@ -43,9 +43,15 @@ NCOL = 8        # query columns per CTA
 ITEM = 5        # ints per work item
 MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of 16 tokens
 
+PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
+PF_ROWS = 64                     # query rows per prefill CTA
+PREFILL_MIN_ROWS = 32            # a sequence with >= this many (token, head) rows per KV head uses it
+
 SPECS = register(FAMILY, [
     *[KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
+    *[KernelSpec(FAMILY, "paged_attention_prefill", (code, d, t))
+      for code in FORMAT_CODES.values() for d in PREFILL_HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot))
       for d in HEAD_SIZES for t in Q_DTYPES for rot in (False, True)],
 ])
@@ -53,6 +59,10 @@ SPECS = register(FAMILY, [
 
 def _decode_spec(code, d, t):
     return KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
+
+
+def _prefill_spec(code, d, t):
+    return KernelSpec(FAMILY, "paged_attention_prefill", (code, d, t))
 
 
 def _reduce_spec(d, t, rot):
@@ -107,16 +117,30 @@ class AttentionPlan:
     ws_o: object
     ws_ml: object
     device_id: int
+    pf_items: object = None   # device int32 (n_pf, 2): seq, tok0 (prefill kernel)
+    n_pf: int = 0
 
     def run(self, q, kv_cache, block_table, seq_lens, query_start_loc, out=None):
         """Launch on the caller's stream; returns ``out`` ``(num_tokens, num_q_heads, head_size)``."""
         if out is None:
             out = L.empty(q, (self.num_tokens, self.num_q_heads, self.head_size), self.q_dtype)
-        if self.n_items == 0:
+        if self.n_items == 0 and self.n_pf == 0:
             return out
         d, t = self.head_size, self.q_dtype
         bt_stride = arrays.shape(block_table)[1]
         with L.stream_of(q):
+            if self.n_pf:
+                kp = get_kernel(_prefill_spec(self.fmt_code, d, t), self.device_id)
+                L.launch(kp, (self.n_pf, self.num_kv_heads), (NW * 32,), (
+                    L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
+                    L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.pf_items),
+                    L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
+                    L.i32(int(math.log2(self.block_size))), L.f32(self.scale_log2),
+                    L.f32(self.k_scale), L.f32(self.v_scale), L.i32(self.window),
+                    L.i32(self.swizzle_v),
+                ))
+            if self.n_items == 0:
+                return out
             k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
             L.launch(k, (self.n_items, self.ny), (NW * 32,), (
                 L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
@@ -183,16 +207,33 @@ def _work_list(qsl, sl, tpc, window, ny, capacity):
     return items, red, part
 
 
+def _prefill_list(qlen, seqs, tokens_per_cta):
+    """Prefill CTAs (seq, tok0), the ones with the most keys (last query tokens) first."""
+    if len(seqs) == 0:
+        return np.zeros((0, 2), np.int32)
+    n = -(-qlen[seqs] // tokens_per_cta)
+    seq = np.repeat(seqs, n)
+    first = np.repeat(np.cumsum(n) - n, n)
+    tok0 = (np.arange(seq.size) - first) * tokens_per_cta
+    order = np.argsort(-tok0, kind="stable")
+    return np.ascontiguousarray(np.stack([seq[order], tok0[order]], 1).astype(np.int32))
+
+
 def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
                          softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
-                         num_splits=None) -> AttentionPlan:
-    """Validate and build the work list (see module docstring). ``num_splits`` forces the split count."""
+                         num_splits=None, prefill_kernel=None) -> AttentionPlan:
+    """Validate and build the work list (see module docstring).
+
+    ``num_splits`` forces the split count of the decode kernel; ``prefill_kernel`` (bool)
+    forces sequences with long queries onto (True) or off (False) the prefill kernel.
+    """
     fmt, dims, backend, meta = validate.check_paged_attention(
         q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype, softmax_scale,
         k_scale, v_scale, sliding_window,
     )
-    if backend not in ("cupy", "torch"):
-        raise TypeError(f"q: kvlab.cuda.attention takes CuPy arrays or torch CUDA tensors, got {backend}")
+    if backend != "cuda":
+        raise TypeError("q: kvlab.cuda.attention takes CuPy arrays or torch CUDA tensors, got NumPy arrays "
+                        "(use kvlab.paged_attention or kvlab.reference.paged_attention)")
     qd = arrays.dtype_name(q)
     if qd not in Q_DTYPES:
         raise TypeError(f"q: the attention kernels take {list(Q_DTYPES)}, got {qd}")
@@ -229,7 +270,16 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     capacity = n_sm * _ctas_per_sm(kern, dev)
     if num_splits is not None:
         capacity = int(num_splits) * max(1, ny)  # ns_target = num_splits per item (when 1 item)
-    items, red, n_parts = _work_list(meta["query_start_loc"], meta["seq_lens"], tpc, window, ny, capacity)
+    qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
+    qlen = np.diff(qsl_h)
+    use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
+    long_q = (qlen * G >= PREFILL_MIN_ROWS) if prefill_kernel is None else (qlen > 1)
+    pf_seq = np.nonzero(long_q)[0] if use_pf else np.zeros(0, np.int64)
+    pf_items = _prefill_list(qlen, pf_seq, PF_ROWS // G)
+    qlen_dec = qlen.copy()
+    qlen_dec[pf_seq] = 0  # those sequences' queries are all on the prefill kernel
+    qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
+    items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny, capacity)
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
@@ -237,6 +287,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         with L.stream_of(q):
             items_d = cupy.asarray(items) if len(items) else cupy.zeros((1, ITEM), cupy.int32)
             red_d = cupy.asarray(red) if len(red) else None
+            pf_d = cupy.asarray(pf_items) if len(pf_items) else None
             ws_o = cupy.empty((max(n_parts, 1) * ny * NCOL * d,), cupy.float32)
             ws_ml = cupy.empty((max(n_parts, 1) * ny * NCOL * 2,), cupy.float32)
     return AttentionPlan(
@@ -245,7 +296,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         k_scale=meta["k_scale"], v_scale=meta["v_scale"], window=window,
         swizzle_v=int(bool(getattr(fmt, "swizzle_v_scales", False))),
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
-        ws_o=ws_o, ws_ml=ws_ml, device_id=dev,
+        ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
     )
 
 

@@ -122,14 +122,16 @@ def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_
                 query_start_loc=qsl, kv_cache_dtype=fmt_obj, k_scale=ks, v_scale=vs)
 
 
-def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_scale=None):
+def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_scale=None,
+            prefill_kernel=None):
     from kvlab.cuda.attention import plan_paged_attention
 
     dev = {k: to_device(case[k], kind) for k in ("q", "kv_cache", "block_table", "seq_lens",
                                                   "query_start_loc")}
     plan = plan_paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
                                 dev["query_start_loc"], case["kv_cache_dtype"], softmax_scale,
-                                case["k_scale"], case["v_scale"], sliding_window, num_splits=num_splits)
+                                case["k_scale"], case["v_scale"], sliding_window, num_splits=num_splits,
+                                prefill_kernel=prefill_kernel)
     out = dev["q"].clone() if kind == "torch" else dev["q"].copy()
     out[...] = float("nan")  # poison: every output element must be written
     plan.run(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"],
@@ -169,6 +171,23 @@ def test_mixed_batch(rng, fmt, shape):
     case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
     out, _ = run_gpu(case)
     check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape}")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("prefill_kernel", [True, False], ids=["prefill-kernel", "decode-kernel"])
+@pytest.mark.parametrize("shape", [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 64, 16)],
+                         ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_prefill_paths(rng, fmt, prefill_kernel, shape):
+    """Prompts and chunked prefill on either kernel: whole prompts, chunks after a cached prefix."""
+    hkv, group, d, bs = shape
+    q_lens = [int(rng.integers(30, 300)), int(rng.integers(2, 40)), 1, int(rng.integers(100, 200))]
+    kv_lens = [q_lens[0], q_lens[1] + int(rng.integers(0, 500)), 77, q_lens[3] + 1000]
+    case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
+    out, plan = run_gpu(case, prefill_kernel=prefill_kernel)
+    assert (plan.n_pf > 0) == prefill_kernel
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape} prefill_kernel={prefill_kernel}")
+    out_w, _ = run_gpu(case, prefill_kernel=prefill_kernel, sliding_window=50)
+    check_close(out_w, run_ref(case, sliding_window=50), "bfloat16", f"{fmt} {shape} window 50")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
