@@ -162,7 +162,7 @@ class AttentionPlan:
         return out
 
 
-def _work_list(qsl, sl, tpc, window, ny, capacity):
+def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None):
     """Host work list: items (seq, tok0, kv_lo, kv_hi, part) and reductions (seq, tok0, part0, nparts)."""
     qlen = np.diff(qsl)
     ntok_tiles = -(-qlen // tpc)
@@ -180,8 +180,10 @@ def _work_list(qsl, sl, tpc, window, ny, capacity):
     lo16 = lo & ~15
     tiles = -(-(hi - lo16) // 16)
     n_base = seq.size * ny
-    ns_target = max(1, capacity // max(n_base, 1))
+    ns_target = max(1, capacity // max(n_base, 1))  # one wave of resident CTAs
     ns = np.clip(np.minimum(ns_target, -(-(hi - lo16) // MIN_SPLIT_TOKENS)), 1, None)
+    if num_splits is not None:  # forced (tests), still at least 16 tokens per split
+        ns = np.clip(np.minimum(int(num_splits), tiles), 1, None)
     per = -(-tiles // ns)                       # 16-token tiles per part
     ns = -(-tiles // per)                       # drop empty parts
     rows, reds, part = [], [], 0
@@ -266,10 +268,8 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     kern = get_kernel(_decode_spec(code, d, qd), dev)
     import cupy
 
-    n_sm = cupy.cuda.Device(dev).attributes["MultiProcessorCount"]
+    n_sm = int(cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
     capacity = n_sm * _ctas_per_sm(kern, dev)
-    if num_splits is not None:
-        capacity = int(num_splits) * max(1, ny)  # ns_target = num_splits per item (when 1 item)
     qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
     qlen = np.diff(qsl_h)
     use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
@@ -279,7 +279,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qlen_dec = qlen.copy()
     qlen_dec[pf_seq] = 0  # those sequences' queries are all on the prefill kernel
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
-    items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny, capacity)
+    items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny, capacity, num_splits)
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
