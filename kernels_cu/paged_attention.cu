@@ -34,7 +34,7 @@ __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u)
 }  // namespace
 
 template <int FMT, int D, typename T>
-__global__ void __launch_bounds__(NW * 32)
+__global__ void __launch_bounds__(NW * 32, (D > 128 ? 2 : (FMT == INT4 || (FMT == AUTO && D == 128)) ? 4 : 3))
 paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
                        const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                        int bt_stride, const int* __restrict__ seq_lens,
@@ -53,6 +53,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;            // nvfp4 K groups per thread
   constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;  // V groups per thread
   constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;             // nvfp4 scale-row words
+  constexpr bool PREFETCH = (2 * KW + 4 * VW) <= 32;          // two raw tiles fit in registers
 
   __shared__ __align__(16) uint16_t q_sm[NCOL * D];
   __shared__ float qsum_sm[NCOL], cscale_sm[NCOL];
@@ -146,91 +147,99 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   const size_t side_stride = static_cast<size_t>(BS) * num_kv_heads * TR::ROW;  // one (block, side) slab
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
 
-  for (int t = warp; t < ntiles; t += NW) {
+  // Raw bytes of one 16-token tile as this thread loads them (decoded in tile_math).
+  struct Raw {
+    uint32_t ka[KW], kb[KW];              // K: tokens g, g+8 (KB bytes from byte c·KB)
+    uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens 2c, 2c+1, 2c+8, 2c+9 (VB bytes from g·VB)
+    uint32_t pkg, pkg8, pvg, pvg8;        // int4/int8/fp8: parameter words of tokens g, g+8
+    uint32_t skg[SW], skg8[SW];           // nvfp4: K scale rows of tokens g, g+8
+    uint32_t sv[4][NGV];                  // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
+  };
+  const int tg = g, tg8 = g + 8;
+  const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
+  const size_t sbase = static_cast<size_t>(BS) * num_kv_heads * (D / 2);  // nvfp4 scale part of a slab
+
+  auto tile_load = [&](Raw& r, int t) {
     const int p0 = lo16 + 16 * t;
     const int blk = bt[p0 >> bs_log2];
     const int o = p0 & (BS - 1);
     const uint8_t* kslab = cache + static_cast<size_t>(blk) * 2 * side_stride;
     const uint8_t* vslab = kslab + side_stride;
-    // row r (0..15) of the tile: code bytes and parameter bytes
-    auto data_ptr = [&](const uint8_t* slab, int r) -> const uint8_t* {
-      const size_t row = static_cast<size_t>(o + r) * num_kv_heads + kvh;
+    auto data_ptr = [&](const uint8_t* slab, int rr) -> const uint8_t* {
+      const size_t row = static_cast<size_t>(o + rr) * num_kv_heads + kvh;
       if constexpr (FMT == NVFP4) return slab + row * (D / 2);
       else return slab + row * TR::ROW;
     };
-    const int tg = g, tg8 = g + 8;
     const bool in_g = p0 + tg < L, in_g8 = p0 + tg8 < L;
+    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg) + c * TR::KB, r.ka, in_g);
+    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg8) + c * TR::KB, r.kb, in_g8);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t0) + g * TR::VB, r.v0, p0 + t0 < L);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t1) + g * TR::VB, r.v1, p0 + t1 < L);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t2) + g * TR::VB, r.v2, p0 + t2 < L);
+    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t3) + g * TR::VB, r.v3, p0 + t3 < L);
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
+      r.pkg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg) + OFF)) : 0u;
+      r.pkg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg8) + OFF)) : 0u;
+      r.pvg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg) + OFF)) : 0u;
+      r.pvg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg8) + OFF)) : 0u;
+    } else if constexpr (FMT == NVFP4) {
+      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg) * num_kv_heads + kvh) * (D / 16), r.skg, in_g);
+      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg8) * num_kv_heads + kvh) * (D / 16), r.skg8, in_g8);
+      constexpr int S = D / 16;
+#pragma unroll
+      for (int i = 0; i < NGV; ++i) {
+        const int grp = (g * (D / 8)) / 16 + i;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int rr = (k == 0) ? t0 : (k == 1) ? t1 : (k == 2) ? t2 : t3;
+          int tt = o + rr, gg = grp;
+          if (swizzle_v) {  // SPEC 2.3 V-scale swizzle (vLLM SM100 order)
+            const int qq = S / 4;
+            const int ts = (tt / 4) * 4 + grp / qq;
+            gg = (grp % qq) * 4 + tt % 4;
+            tt = ts;
+          }
+          r.sv[k][i] = (p0 + rr < L)
+              ? static_cast<uint32_t>(__ldg(vslab + sbase + (static_cast<size_t>(tt) * num_kv_heads + kvh) * S + gg))
+              : 0u;
+        }
+      }
+    }
+  };
 
-    // ---- K: tokens g, g+8; this thread's KB bytes of each
-    uint32_t ka[KW], kb[KW];
-    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg) + c * TR::KB, ka, in_g);
-    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg8) + c * TR::KB, kb, in_g8);
-    // ---- V: tokens 2c, 2c+1, 2c+8, 2c+9; this thread's VB bytes of each
-    const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
-    uint32_t v0[VW], v1[VW], v2[VW], v3[VW];
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t0) + g * TR::VB, v0, p0 + t0 < L);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t1) + g * TR::VB, v1, p0 + t1 < L);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t2) + g * TR::VB, v2, p0 + t2 < L);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t3) + g * TR::VB, v3, p0 + t3 < L);
-
+  auto tile_math = [&](const Raw& r, int t) {
+    const int p0 = lo16 + 16 * t;
     // ---- per-token parameters
     float ksc_g = 1.f, ksc_g8 = 1.f, koff_g = 0.f, koff_g8 = 0.f;
     float vsc_g = 1.f, vsc_g8 = 1.f, vzp_g = 0.f, vzp_g8 = 0.f;
     uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
-    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
-      const uint32_t wkg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg) + OFF)) : 0u;
-      const uint32_t wkg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg8) + OFF)) : 0u;
-      const uint32_t wvg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg) + OFF)) : 0u;
-      const uint32_t wvg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg8) + OFF)) : 0u;
-      if constexpr (FMT == INT4) {
-        ksc_g = __uint_as_float(wkg & ~0xFu); koff_g = 1024.f + static_cast<float>(wkg & 0xFu);
-        ksc_g8 = __uint_as_float(wkg8 & ~0xFu); koff_g8 = 1024.f + static_cast<float>(wkg8 & 0xFu);
-        vsc_g = __uint_as_float(wvg & ~0xFu); vzp_g = 128.f + static_cast<float>(wvg & 0xFu);
-        vsc_g8 = __uint_as_float(wvg8 & ~0xFu); vzp_g8 = 128.f + static_cast<float>(wvg8 & 0xFu);
-      } else {
-        ksc_g = __uint_as_float(wkg); ksc_g8 = __uint_as_float(wkg8);
-        vsc_g = __uint_as_float(wvg); vsc_g8 = __uint_as_float(wvg8);
-        if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
-      }
-    } else if constexpr (FMT == NVFP4) {
-      // K scales: the thread's dims c·D/4 .. have groups c·D/64 + i
-      const size_t sbase = static_cast<size_t>(BS) * num_kv_heads * (D / 2);
-      uint32_t swg[SW], swg8[SW];
-      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg) * num_kv_heads + kvh) * (D / 16), swg, in_g);
-      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg8) * num_kv_heads + kvh) * (D / 16), swg8, in_g8);
+    if constexpr (FMT == INT4) {
+      ksc_g = __uint_as_float(r.pkg & ~0xFu); koff_g = 1024.f + static_cast<float>(r.pkg & 0xFu);
+      ksc_g8 = __uint_as_float(r.pkg8 & ~0xFu); koff_g8 = 1024.f + static_cast<float>(r.pkg8 & 0xFu);
+      vsc_g = __uint_as_float(r.pvg & ~0xFu); vzp_g = 128.f + static_cast<float>(r.pvg & 0xFu);
+      vsc_g8 = __uint_as_float(r.pvg8 & ~0xFu); vzp_g8 = 128.f + static_cast<float>(r.pvg8 & 0xFu);
+    } else if constexpr (FMT == INT8 || FMT == FP8) {
+      ksc_g = __uint_as_float(r.pkg); ksc_g8 = __uint_as_float(r.pkg8);
+      vsc_g = __uint_as_float(r.pvg); vsc_g8 = __uint_as_float(r.pvg8);
+      if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
+    }
+    if constexpr (FMT == NVFP4) {
 #pragma unroll
       for (int i = 0; i < NGK; ++i) {
         const int gi = c * NGK + i;
-        const float fa = e4m3_to_float((swg[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f;
-        const float fb = e4m3_to_float((swg8[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f;
-        const uint16_t ha = bits16<__half>(fa), hb = bits16<__half>(fb);
+        const uint16_t ha = bits16<__half>(e4m3_to_float((r.skg[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+        const uint16_t hb = bits16<__half>(e4m3_to_float((r.skg8[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
         sfk_g[i] = pack2(ha, ha);
         sfk_g8[i] = pack2(hb, hb);
       }
-      // V scales of tokens 2c, 2c+1, 2c+8, 2c+9 for the thread's group(s)
-      constexpr int S = D / 16;
-      auto vscale = [&](int r, int grp, bool in) -> float {
-        if (!in) return 0.f;
-        int tt = o + r, gg = grp;
-        if (swizzle_v) {  // SPEC 2.3 V-scale swizzle (vLLM SM100 order)
-          const int qq = S / 4;
-          const int t2_ = (tt / 4) * 4 + grp / qq;
-          gg = (grp % qq) * 4 + tt % 4;
-          tt = t2_;
-        }
-        const uint8_t* sp = vslab + sbase + (static_cast<size_t>(tt) * num_kv_heads + kvh) * S + gg;
-        return e4m3_to_float(__ldg(sp)) * 128.f;
-      };
 #pragma unroll
       for (int i = 0; i < NGV; ++i) {
-        const int grp = (g * (D / 8)) / 16 + i;
-        sfv01[i] = pack2(bits16<__half>(vscale(t0, grp, p0 + t0 < L)), bits16<__half>(vscale(t1, grp, p0 + t1 < L)));
-        sfv23[i] = pack2(bits16<__half>(vscale(t2, grp, p0 + t2 < L)), bits16<__half>(vscale(t3, grp, p0 + t3 < L)));
+        sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
+        sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
       }
       ksc_g = ksc_g8 = 128.f * k_scale;
-    }
-    if constexpr (FMT != NVFP4) {
+    } else {
 #pragma unroll
       for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
 #pragma unroll
@@ -242,10 +251,10 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
     for (int kk = 0; kk < KC; ++kk) {
       const int gi = (FMT == NVFP4) ? (kk >> 2) : 0;
-      const uint32_t a0 = k_operand<FMT, D>(ka, kk, 0, sfk_g[gi]);
-      const uint32_t a1 = k_operand<FMT, D>(kb, kk, 0, sfk_g8[gi]);
-      const uint32_t a2 = k_operand<FMT, D>(ka, kk, 1, sfk_g[gi]);
-      const uint32_t a3 = k_operand<FMT, D>(kb, kk, 1, sfk_g8[gi]);
+      const uint32_t a0 = k_operand<FMT, D>(r.ka, kk, 0, sfk_g[gi]);
+      const uint32_t a1 = k_operand<FMT, D>(r.kb, kk, 0, sfk_g8[gi]);
+      const uint32_t a2 = k_operand<FMT, D>(r.ka, kk, 1, sfk_g[gi]);
+      const uint32_t a3 = k_operand<FMT, D>(r.kb, kk, 1, sfk_g8[gi]);
       Mma<CTQ>::run(s, a0, a1, a2, a3, qf[kk][0], qf[kk][1]);
     }
     // scores in log2 units; s[0] = (token g, col 2c), s[1] = (g, 2c+1), s[2] = (g+8, 2c), s[3] = (g+8, 2c+1)
@@ -295,11 +304,32 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
     for (int j = 0; j < KC; ++j) {
       const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
-      const uint32_t a0 = v_operand<FMT, D>(v0, v1, 2 * j, sfv01[gi]);
-      const uint32_t a1 = v_operand<FMT, D>(v0, v1, 2 * j + 1, sfv01[gi]);
-      const uint32_t a2 = v_operand<FMT, D>(v2, v3, 2 * j, sfv23[gi]);
-      const uint32_t a3 = v_operand<FMT, D>(v2, v3, 2 * j + 1, sfv23[gi]);
+      const uint32_t a0 = v_operand<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi]);
+      const uint32_t a1 = v_operand<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi]);
+      const uint32_t a2 = v_operand<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi]);
+      const uint32_t a3 = v_operand<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi]);
       Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
+    }
+  };
+
+  // Software pipeline: the next tile's loads are in flight while this tile is computed
+  // (formats whose raw tile fits in ~40 registers; the others load and compute in turn).
+  if constexpr (PREFETCH) {
+    Raw cur, nxt;
+    int t = warp;
+    if (t < ntiles) tile_load(cur, t);
+    for (; t < ntiles; t += 2 * NW) {
+      if (t + NW < ntiles) tile_load(nxt, t + NW);
+      tile_math(cur, t);
+      if (t + NW >= ntiles) break;
+      if (t + 2 * NW < ntiles) tile_load(cur, t + 2 * NW);
+      tile_math(nxt, t + NW);
+    }
+  } else {
+    for (int t = warp; t < ntiles; t += NW) {
+      Raw cur;
+      tile_load(cur, t);
+      tile_math(cur, t);
     }
   }
 

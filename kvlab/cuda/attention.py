@@ -18,6 +18,7 @@ plan/run:
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -77,17 +78,27 @@ def heads_per_column_group(group: int) -> int:
     return 1
 
 
-def _ctas_per_sm(kernel, device_id) -> int:
+@functools.cache
+def _device_props(device_id) -> tuple:
+    """(SM count, shared memory per SM) — queried once per device (the query costs ~ms)."""
     import cupy
 
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    return (int(props["multiProcessorCount"]),
+            int(props.get("sharedMemPerMultiprocessor", 228 * 1024)))
+
+
+@functools.cache
+def _resident_ctas(spec, device_id) -> int:
+    """CTAs of one decode instantiation resident on the whole GPU at once (registers, shared memory)."""
+    kernel = get_kernel(spec, device_id)
+    n_sm, smem_sm = _device_props(device_id)
     regs = max(int(kernel.num_regs), 1)
     warp_regs = -(-regs * 32 // 256) * 256
     by_regs = 65536 // (warp_regs * NW)
     smem = int(kernel.shared_size_bytes) + 1024
-    props = cupy.cuda.runtime.getDeviceProperties(device_id)
-    smem_sm = int(props.get("sharedMemPerMultiprocessor", 228 * 1024))
     by_smem = smem_sm // max(smem, 1)
-    return max(1, min(by_regs, by_smem, 2048 // (NW * 32), 32))
+    return n_sm * max(1, min(by_regs, by_smem, 2048 // (NW * 32), 32))
 
 
 @dataclass
@@ -162,6 +173,28 @@ class AttentionPlan:
         return out
 
 
+def _splits_for_waves(n_base: int, capacity: int, max_splits: int = 256) -> int:
+    """Smallest split count whose CTAs fill the resident slots evenly (>= 85 % of the last wave).
+
+    ``n_base`` CTAs without splitting, ``capacity`` CTAs resident at once on the GPU. With
+    fewer CTAs than slots the GPU is partly idle; with 1.3 waves the last wave is.
+    """
+    if n_base <= 0 or capacity <= 0:
+        return 1
+    best, best_eff = 1, 0.0
+    for ns in range(1, max_splits + 1):
+        n = n_base * ns
+        waves = -(-n // capacity)
+        eff = n / (waves * capacity)
+        if eff >= 0.85:
+            return ns
+        if eff > best_eff + 1e-9:
+            best, best_eff = ns, eff
+        if n >= 4 * capacity:
+            break
+    return best
+
+
 def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None):
     """Host work list: items (seq, tok0, kv_lo, kv_hi, part) and reductions (seq, tok0, part0, nparts)."""
     qlen = np.diff(qsl)
@@ -180,7 +213,7 @@ def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None):
     lo16 = lo & ~15
     tiles = -(-(hi - lo16) // 16)
     n_base = seq.size * ny
-    ns_target = max(1, capacity // max(n_base, 1))  # one wave of resident CTAs
+    ns_target = _splits_for_waves(n_base, capacity)
     ns = np.clip(np.minimum(ns_target, -(-(hi - lo16) // MIN_SPLIT_TOKENS)), 1, None)
     if num_splits is not None:  # forced (tests), still at least 16 tokens per split
         ns = np.clip(np.minimum(int(num_splits), tiles), 1, None)
@@ -265,11 +298,9 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     tpc = NCOL // hpc
     ny = Hkv * (G // hpc)
     window = int(meta["sliding_window"] or 0)
-    kern = get_kernel(_decode_spec(code, d, qd), dev)
     import cupy
 
-    n_sm = int(cupy.cuda.runtime.getDeviceProperties(dev)["multiProcessorCount"])
-    capacity = n_sm * _ctas_per_sm(kern, dev)
+    capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
     qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
     qlen = np.diff(qsl_h)
     use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
