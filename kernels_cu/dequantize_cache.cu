@@ -115,12 +115,18 @@ __global__ void __launch_bounds__(256) dequantize_cache(const uint8_t* __restric
 
 // Probe kernels for the codec tests: codes of x (E2M1 in e2m1[i], E4M3 in e4m3[i]), and the
 // value of every code (16 E2M1, 256 E4M3).
+// e4m3x2[i]: byte of x[i] from the paired encoder (x[i] as the low half, x[i ^ 1] as the high
+// half: both halves of the instruction are exercised).
 extern "C" __global__ void fp_codecs_encode_probe(const float* __restrict__ x, uint8_t* __restrict__ e2m1,
-                                                  uint8_t* __restrict__ e4m3, long long n) {
+                                                  uint8_t* __restrict__ e4m3, uint8_t* __restrict__ e4m3x2,
+                                                  long long n) {
   const long long i = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) {
     e2m1[i] = static_cast<uint8_t>(kvlab::e2m1_encode(x[i]));
     e4m3[i] = static_cast<uint8_t>(kvlab::e4m3_encode(x[i]));
+    const long long k = (i ^ 1) < n ? (i ^ 1) : i;
+    const uint32_t pair = (i & 1) ? kvlab::e4m3x2_encode(x[k], x[i]) : kvlab::e4m3x2_encode(x[i], x[k]);
+    e4m3x2[i] = static_cast<uint8_t>((i & 1) ? (pair >> 8) : pair);
   }
 }
 

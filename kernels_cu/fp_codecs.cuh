@@ -22,17 +22,27 @@
 namespace kvlab {
 
 // ---------------------------------------------------------------- E2M1
-// float -> 4-bit code. The seven rounding points between neighbouring magnitudes are
-// 0.25 0.75 1.25 1.75 2.5 3.5 5; at an exact tie RNE picks the even code, which is the
-// lower neighbour at 0.25, 1.25, 2.5, 5 (strict >) and the upper one at 0.75, 1.75, 3.5 (>=).
+// Magnitude code (0..7) of a >= 0 (not NaN; +inf saturates), RNE, saturating to 6.
+// E2M1 is a float with 1 mantissa bit, exponent bias 1 and subnormal step 0.5, so within the
+// binade of max(a, 1) = 2^e (e = 0, 1, 2) the grid step is 2^(e-1). Adding C = 2^(22+e), whose
+// float32 ulp is exactly that step, rounds a to the grid with RNE in one add; the low bits of
+// the sum are k = rounded / step, and the code is k + 2e (e = 0: k = rint(2a) in 0..4 is the
+// code itself, 4 meaning 2.0). Ties go to even k, which is E2M1's even mantissa.
+__device__ __forceinline__ uint32_t e2m1_encode_abs(float a) {
+  a = fminf(a, 6.0f);
+  const uint32_t eb = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;  // 2^e as float bits
+  const float c = __uint_as_float(eb + (22u << 23));                    // 2^(22+e)
+  const uint32_t k = __float_as_uint(__fadd_rn(a, c)) & 0x7u;
+  return k + (eb >> 22) - 254u;                                          // + 2e
+}
+
+// float -> 4-bit code: sign in bit 3 (a negative value rounding to zero keeps it: code 8),
+// NaN -> code 8 (E2M1 has no NaN).
 __device__ __forceinline__ uint32_t e2m1_encode(float x) {
   const uint32_t bits = __float_as_uint(x);
-  const uint32_t sign = (bits >> 28) & 0x8u;
   const float a = __uint_as_float(bits & 0x7FFFFFFFu);
-  if (!(a == a)) return 0x8u;  // NaN -> -0 (E2M1 has no NaN)
-  uint32_t m = (a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) +
-               (a >= 3.5f) + (a > 5.0f);  // saturates at code 7 (6.0) for a > 5, +inf included
-  return sign | m;
+  if (!(a == a)) return 0x8u;
+  return ((bits >> 28) & 0x8u) | e2m1_encode_abs(a);
 }
 
 // 4-bit code (low 4 bits of `code`) -> float. Exponent field e = bits 1..2, mantissa bit 0:
@@ -65,6 +75,21 @@ __device__ __forceinline__ uint32_t e4m3_encode(float x) {
     code = (r >> 20) - (120u << 3);
   }
   return sign | code;
+}
+
+// Two E4M3 bytes (lo in bits 0-7, hi in bits 8-15), RNE with saturation to ±448, for finite
+// inputs (NaN inputs: the hardware path gives an E4M3 NaN whose sign may differ from 0x7F;
+// callers never store codes of NaN inputs). On sm_89+ one cvt.rn.satfinite.e4m3x2.f32 —
+// the same rounding and saturation as the software codec (tests/gpu compare both with the
+// reference); on sm_80 the software codec.
+__device__ __forceinline__ uint32_t e4m3x2_encode(float lo, float hi) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  unsigned short r;
+  asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
+  return static_cast<uint32_t>(r);
+#else
+  return e4m3_encode(lo) | (e4m3_encode(hi) << 8);
+#endif
 }
 
 // E4M3 byte (low 8 bits) -> float; 0x7F/0xFF -> NaN.

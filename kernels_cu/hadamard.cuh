@@ -28,6 +28,39 @@ __constant__ uint32_t kRhtNegBits[16] = {
     0xCDF467B7u, 0x05DFBC5Fu, 0xB291E3CCu, 0x57563834u, 0xE46AE225u, 0x67FC4CA6u,
     0xCFC78691u, 0x32D9DFF1u, 0x365FDB89u, 0x75625346u};
 
+// The same bits as a constexpr table, for tables computed at compile time below.
+constexpr uint32_t kRhtNegBitsConst[16] = {
+    0x9A8CA6F2u, 0x7F7FCA4Eu, 0x59BBC293u, 0x9480ABC7u, 0xB55B747Eu, 0x54503BBEu,
+    0xCDF467B7u, 0x05DFBC5Fu, 0xB291E3CCu, 0x57563834u, 0xE46AE225u, 0x67FC4CA6u,
+    0xCFC78691u, 0x32D9DFF1u, 0x365FDB89u, 0x75625346u};
+
+// Sign masks laid out like the raw input data, so the signs are applied to loaded words with
+// one XOR per 32-bit word (no per-element bit extraction): for 16-bit types word k holds the
+// sign bits of elements 2k (bit 15) and 2k+1 (bit 31); for float32 word k is element k's bit 31.
+struct __align__(16) RhtSignMask16 { uint32_t w[256]; };
+struct __align__(16) RhtSignMask32 { uint32_t w[512]; };
+__host__ __device__ constexpr uint32_t rht_neg_bit(int i) { return (kRhtNegBitsConst[i >> 5] >> (i & 31)) & 1u; }
+__host__ __device__ constexpr RhtSignMask16 make_sign_mask16() {
+  RhtSignMask16 t{};
+  for (int k = 0; k < 256; ++k) t.w[k] = (rht_neg_bit(2 * k) << 15) | (rht_neg_bit(2 * k + 1) << 31);
+  return t;
+}
+__host__ __device__ constexpr RhtSignMask32 make_sign_mask32() {
+  RhtSignMask32 t{};
+  for (int k = 0; k < 512; ++k) t.w[k] = rht_neg_bit(k) << 31;
+  return t;
+}
+__device__ const RhtSignMask16 kRhtSignMask16 = make_sign_mask16();
+__device__ const RhtSignMask32 kRhtSignMask32 = make_sign_mask32();
+
+// 16 bytes of raw input holding elements [first, first + 16/sizeof(T)) with the RHT signs applied.
+template <typename T>
+__device__ __forceinline__ uint4 rht_signs_raw16(uint4 raw, int first) {
+  const uint4 m = sizeof(T) == 2 ? __ldg(reinterpret_cast<const uint4*>(kRhtSignMask16.w + first / 2))
+                                 : __ldg(reinterpret_cast<const uint4*>(kRhtSignMask32.w + first));
+  return make_uint4(raw.x ^ m.x, raw.y ^ m.y, raw.z ^ m.z, raw.w ^ m.w);
+}
+
 // x[j] *= s[first + j] for j < EPT (exact: flips the sign bit). `first` is a multiple of
 // EPT and EPT <= 32, so the EPT bits sit in one word.
 template <int EPT>
@@ -64,6 +97,52 @@ __device__ __forceinline__ void wht_group(float (&x)[EPT], int lane_in_group,
       const float p = __shfl_xor_sync(mask, x[j], m);
       // pair (a, b) = (lower, upper) -> (a + b, a - b)
       x[j] = upper ? (p - x[j]) : (x[j] + p);
+    }
+  }
+}
+
+// WHT over a *chunked* layout: lane l of a LANES-lane group holds EPT = NC·VEC elements as NC
+// chunks of VEC consecutive elements, chunk c covering [c·VEC·LANES + l·VEC, … + VEC). This is
+// the layout of NC coalesced 16-byte loads per lane (the group reads VEC·LANES contiguous
+// elements per load), and it keeps most butterfly stages in registers: index bits below
+// log2(VEC) and above log2(VEC·LANES) are in-register, only log2(LANES) stages shuffle.
+// (The Hadamard transform factors over index bits, so the stage order is free.)
+template <int EPT, int LANES, int VEC>
+__device__ __forceinline__ void wht_chunked(float (&x)[EPT], int lane_in_group,
+                                            unsigned mask = 0xffffffffu) {
+  static_assert(EPT % VEC == 0 && (VEC & (VEC - 1)) == 0, "chunks of VEC elements");
+  constexpr int NC = EPT / VEC;
+  static_assert((NC & (NC - 1)) == 0, "power-of-two chunk count");
+#pragma unroll
+  for (int h = 1; h < VEC; h <<= 1) {  // within a chunk
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+      if ((i & h) == 0) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a + b;
+        x[i + h] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = VEC; h < EPT; h <<= 1) {  // between chunks (element stride h·LANES)
+#pragma unroll
+    for (int i = 0; i < EPT; ++i) {
+      if ((i & h) == 0) {
+        const float a = x[i], b = x[i + h];
+        x[i] = a + b;
+        x[i + h] = a - b;
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 1; m < LANES; m <<= 1) {  // between lanes (element stride VEC·m)
+    const float sgn = (lane_in_group & m) ? -1.0f : 1.0f;
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) {
+      const float p = __shfl_xor_sync(mask, x[j], m);
+      // lower lane: x + p; upper lane: p - x. One exactly rounded FMA either way.
+      x[j] = fmaf(x[j], sgn, p);
     }
   }
 }

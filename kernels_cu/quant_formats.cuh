@@ -47,6 +47,15 @@ __device__ __forceinline__ bool group_any_nonfinite(const float (&x)[EPT]) {
   return b != 0;
 }
 
+// max that propagates NaN (PTX max.NaN, sm_80+): an absmax taken with it is NaN when any
+// element is NaN and +inf when any is ±inf, so "absmax is not finite" is the NaN/Inf rule's
+// test for free (fmaxf would skip the NaN).
+__device__ __forceinline__ float fmax_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // Round half away from zero (C roundf) — the rule int4/int8 codes use.
 __device__ __forceinline__ float round_half_away(float v) { return roundf(v); }
 
@@ -70,11 +79,22 @@ __device__ __forceinline__ Int4Params int4_qparams(float mn, float mx) {
   return p;
 }
 
+// floor(v + 0.5) for 0 <= v < 2^21, as the bits of one float add, no float->int conversion
+// (those run at 1/8 of the FP32 rate): the exact sum 2^22 + 0.5 + v rounded toward zero onto
+// the 0.5-spaced grid of [2^22, 2^23) is 2^22 + m/2 with m = floor(2v + 1), whose float bits
+// are 0x4A800000 + m; floor(v + 0.5) = m >> 1. This is round-half-away for v >= 0.
+// Returns the float bits >> 1: the low bits are floor(v + 0.5), the high bits a constant
+// (callers mask).
+__device__ __forceinline__ uint32_t round_half_up_bits(float v) {
+  return __float_as_uint(__fadd_rz(v, 4194304.5f)) >> 1;
+}
+
 // SPEC 2.1 step 4: q = clamp(round_half_away(y · inv_scale + zp), 0, 15), each step rounded
-// to float32 (no FMA).
+// to float32 (no FMA). Clamping first is equivalent (0 and 15 are integers, rounding is
+// monotonic) and keeps the argument of the rounding in [0, 15].
 __device__ __forceinline__ uint32_t int4_encode(float y, const Int4Params& p) {
-  const float v = __fadd_rn(__fmul_rn(y, p.inv_scale), p.zp);
-  return static_cast<uint32_t>(fminf(fmaxf(round_half_away(v), 0.0f), 15.0f));
+  const float v = fminf(fmaxf(__fadd_rn(__fmul_rn(y, p.inv_scale), p.zp), 0.0f), 15.0f);
+  return round_half_up_bits(v) & 0xFu;
 }
 
 // Read path: word -> (stored scale, zero point).
@@ -97,13 +117,37 @@ template <int FMT> __device__ __forceinline__ float per_token_head_scale(float a
 }
 
 // One code byte of x given inv_scale = float32(1 / scale).
+// int8: clamp(round_half_away(v), -128, 127) = sign · floor(min(|v|, 128) + 0.5), capped at
+// 127 for v >= 0 — computed without float->int conversions (round_half_up_bits).
 template <int FMT> __device__ __forceinline__ uint32_t per_token_head_encode(float x, float inv_scale) {
   const float v = __fmul_rn(x, inv_scale);
   if constexpr (FMT == FMT_INT8) {
-    const int q = static_cast<int>(fminf(fmaxf(round_half_away(v), -128.0f), 127.0f));
-    return static_cast<uint32_t>(q) & 0xFFu;
+    // Clamp first (equivalent: the bounds are integers), then round half away from zero as
+    // trunc(v ± 0.5) with both steps exact in float adds, no float->int conversion:
+    //   u = RZ(v + copysign(0.5, v))  — truncating the sum keeps floor(|v| + 0.5) intact;
+    //   t = RZ(u + copysign(2^23, u)) = ±(2^23 + trunc|u|)  (grid 1 above 2^23);
+    //   t + (1.5·2^23 ∓ 2^23) = 1.5·2^23 + rounded v, exact, whose float bits hold the
+    //   rounded value two's complement in the low byte.
+    const float vc = fminf(fmaxf(v, -128.0f), 127.0f);
+    const uint32_t sgn = __float_as_uint(vc) & 0x80000000u;
+    const float u = __fadd_rz(vc, __uint_as_float(sgn | 0x3F000000u));        // ± 0.5
+    const float c2 = __uint_as_float(sgn | 0x4B000000u);                       // ± 2^23
+    const float t = __fadd_rz(u, c2);
+    const float k = sgn ? 20971520.0f : 4194304.0f;                           // 1.5·2^23 - c2
+    return __float_as_uint(__fadd_rn(t, k)) & 0xFFu;
   } else {
     return e4m3_encode(fminf(fmaxf(v, -448.0f), 448.0f));
+  }
+}
+
+// Two code bytes (x0 in bits 0-7, x1 in bits 8-15). fp8 uses the paired E4M3 conversion
+// (one hardware instruction on sm_89+, see fp_codecs.cuh); saturation to ±448 is part of it.
+template <int FMT>
+__device__ __forceinline__ uint32_t per_token_head_encode2(float x0, float x1, float inv_scale) {
+  if constexpr (FMT == FMT_INT8) {
+    return per_token_head_encode<FMT>(x0, inv_scale) | (per_token_head_encode<FMT>(x1, inv_scale) << 8);
+  } else {
+    return e4m3x2_encode(__fmul_rn(x0, inv_scale), __fmul_rn(x1, inv_scale));
   }
 }
 
@@ -125,12 +169,53 @@ __device__ __forceinline__ uint32_t nvfp4_scale_encode(float amax16, float globa
   return e4m3_encode(__fdiv_rn(__fdiv_rn(amax16, 6.0f), global_scale));
 }
 
+// Correctly rounded x / d from r = RN(1/d) (see div_rn_by_recip below).
+__device__ __forceinline__ float div_rn_by_recip(float x, float denom, float r);
+
+// The same scale byte with both divisions as Markstein corrections (3 FMA-pipe instructions
+// each): RN(1/6) is a constant and RN(1/global_scale) is computed once per thread (inv_gs).
+// For finite amax16 (NaN/Inf rows are replaced by the invalid row anyway). A quotient that
+// overflows float32 is recomputed with the IEEE division (the correction step needs a finite
+// q0); subnormal quotients flush to zero, as in the reference they round to E4M3 zero.
+__device__ __forceinline__ uint32_t nvfp4_scale_encode_fast(float amax16, float global_scale,
+                                                            float inv_gs) {
+  const float q = div_rn_by_recip(amax16, 6.0f, 0.16666667163372040f /* RN(1/6) */);
+  float s = global_scale == 1.0f ? q : div_rn_by_recip(q, global_scale, inv_gs);
+  if (!(fabsf(s) <= 3.0e38f)) s = __fdiv_rn(q, global_scale);
+  return e4m3x2_encode(s, 0.0f) & 0xFFu;
+}
+
 // Divisor of a group: float32(sf · global_scale); codes are e2m1(x / denom), 0 when sf == 0.
 __device__ __forceinline__ float nvfp4_denom(uint32_t sf_byte, float global_scale) {
-  return __fmul_rn(e4m3_decode(sf_byte), global_scale);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  // hardware E4M3 -> f16 (exact: every E4M3 value is an fp16 value), then -> f32 (exact)
+  unsigned int h2;
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(static_cast<unsigned short>(sf_byte & 0xFFu)));
+  const float sf = __half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xFFFFu)));
+#else
+  const float sf = e4m3_decode(sf_byte);
+#endif
+  return global_scale == 1.0f ? sf : __fmul_rn(sf, global_scale);
 }
 __device__ __forceinline__ uint32_t nvfp4_encode(float x, float denom) {
   return denom == 0.0f ? 0u : e2m1_encode(__fdiv_rn(x, denom));
+}
+
+// The same with the division done as Markstein's correction step from the correctly rounded
+// reciprocal r = RN(1/denom) (computed once per 16-element group): q0 = RN(x·r) is within one
+// ulp of x/denom, the remainder x - denom·q0 is exact in one FMA, and RN(q0 + rem·r) is the
+// correctly rounded quotient RN(x/denom) (Markstein 1990; Muller et al., Handbook of
+// Floating-Point Arithmetic, the theorem behind IA-64 division) — for quotients in the normal
+// range, which holds here (|x/denom| is at most about 6·2^-9/2^-10 or flushes to a zero code).
+// Three FMA-pipe instructions instead of a full IEEE division per element; the GPU tests
+// compare every code with the reference's true division.
+__device__ __forceinline__ float div_rn_by_recip(float x, float denom, float r) {
+  const float q0 = __fmul_rn(x, r);
+  const float rem = fmaf(-denom, q0, x);
+  return fmaf(rem, r, q0);
+}
+__device__ __forceinline__ uint32_t nvfp4_encode_fast(float x, float denom, float r) {
+  return denom == 0.0f ? 0u : e2m1_encode(div_rn_by_recip(x, denom, r));
 }
 
 // Value of one element: e2m1 · sf · global_scale (e2m1 · sf is exact in float32).

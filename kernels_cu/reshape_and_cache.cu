@@ -70,43 +70,25 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     if (active) store_elems<T, EPT>(reinterpret_cast<T*>(row) + lig * EPT, x);
   } else if constexpr (FMT == FMT_INT8 || FMT == FMT_FP8) {
     // row: d code bytes | float32 scale
-    const bool bad = group_any_nonfinite<LANES, EPT>(x);
     float amax = 0.0f;
 #pragma unroll
-    for (int j = 0; j < EPT; ++j) amax = fmaxf(amax, fabsf(x[j]));
-    amax = group_max<LANES>(amax);
+    for (int j = 0; j < EPT; ++j) amax = fmax_nan(amax, fabsf(x[j]));
+#pragma unroll
+    for (int o = LANES / 2; o > 0; o >>= 1) amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const bool bad = !(amax <= 3.402823466e38f);  // NaN or Inf in the vector
     float scale = per_token_head_scale<FMT>(amax);
     const float inv = __frcp_rn(scale);
-    uint32_t w[EPT / 4] = {};
+    uint32_t w[EPT / 4];
 #pragma unroll
-    for (int j = 0; j < EPT; ++j)
-      w[j / 4] |= (bad ? 0u : per_token_head_encode<FMT>(x[j], inv)) << (8 * (j % 4));
+    for (int k = 0; k < EPT / 4; ++k) {
+      const uint32_t lo = per_token_head_encode2<FMT>(x[4 * k], x[4 * k + 1], inv);
+      const uint32_t hi = per_token_head_encode2<FMT>(x[4 * k + 2], x[4 * k + 3], inv);
+      w[k] = bad ? 0u : (lo | (hi << 16));
+    }
     if (bad) scale = __uint_as_float(INVALID_SCALE_BITS);
     if (active) {
       store_bytes<EPT>(row + lig * EPT, w);
       if (lig == 0) *reinterpret_cast<float*>(row + D) = scale;
-    }
-  } else if constexpr (FMT == FMT_INT4) {
-    // row: d/2 packed codes | scale word. RHT in registers, rounded to the input dtype
-    // (what vLLM stores before quantizing, SPEC 2.1 step 1).
-    const bool bad = group_any_nonfinite<LANES, EPT>(x);
-    rht_group<EPT, LANES>(x, lig);
-    float mn = __int_as_float(0x7f800000), mx = -__int_as_float(0x7f800000);  // +inf, -inf
-#pragma unroll
-    for (int j = 0; j < EPT; ++j) {
-      x[j] = round_through<T>(x[j]);
-      mn = fminf(mn, x[j]);
-      mx = fmaxf(mx, x[j]);
-    }
-    mn = group_min<LANES>(mn);
-    mx = group_max<LANES>(mx);
-    const Int4Params p = int4_qparams(mn, mx);
-    uint32_t w[EPT >= 8 ? EPT / 8 : 1] = {};
-#pragma unroll
-    for (int j = 0; j < EPT; ++j) w[j / 8] |= (bad ? 0u : int4_encode(x[j], p)) << (4 * (j % 8));
-    if (active) {
-      store_nibbles<EPT>(row + lig * (EPT / 2), w);
-      if (lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = bad ? INVALID_SCALE_BITS : p.word;
     }
   } else {
     static_assert(FMT == FMT_NVFP4, "unknown format");
@@ -114,21 +96,39 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     constexpr int LPG = EPT >= NVFP4_GROUP ? 1 : NVFP4_GROUP / EPT;
     constexpr int GPL = EPT >= NVFP4_GROUP ? EPT / NVFP4_GROUP : 1;
     constexpr int GE = EPT >= NVFP4_GROUP ? NVFP4_GROUP : EPT;  // elements of one group in this lane
-    const bool bad = group_any_nonfinite<LANES, EPT>(x);
     uint32_t w[EPT >= 8 ? EPT / 8 : 1] = {};
     uint32_t sf[GPL];
+    float amax_g[GPL];
+    float amax_all = 0.0f;
 #pragma unroll
     for (int g = 0; g < GPL; ++g) {
       float amax = 0.0f;
 #pragma unroll
-      for (int j = 0; j < GE; ++j) amax = fmaxf(amax, fabsf(x[g * GE + j]));
-      if constexpr (LPG > 1) amax = group_max<LPG>(amax);
-      sf[g] = nvfp4_scale_encode(amax, global_scale);
+      for (int j = 0; j < GE; ++j) amax = fmax_nan(amax, fabsf(x[g * GE + j]));
+#pragma unroll
+      for (int o = LPG / 2; o > 0; o >>= 1) amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      amax_g[g] = amax;
+      amax_all = fmax_nan(amax_all, amax);
+    }
+    // NaN/Inf anywhere in the vector (max.NaN propagates it through the group amaxes)
+#pragma unroll
+    for (int o = LANES / 2; o >= LPG; o >>= 1)
+      amax_all = fmax_nan(amax_all, __shfl_xor_sync(0xffffffffu, amax_all, o));
+    const bool bad = !(amax_all <= 3.402823466e38f);
+    const float inv_gs = global_scale == 1.0f ? 1.0f : __frcp_rn(global_scale);
+#pragma unroll
+    for (int g = 0; g < GPL; ++g) {
+      sf[g] = nvfp4_scale_encode_fast(amax_g[g], global_scale, inv_gs);
       const float denom = nvfp4_denom(sf[g], global_scale);
+      const float r = __frcp_rn(denom);                       // once per group
+      const uint32_t keep = (bad || denom == 0.0f) ? 0u : 0xFu;  // codes 0 when sf == 0
 #pragma unroll
       for (int j = 0; j < GE; ++j) {
         const int e = g * GE + j;
-        w[e / 8] |= (bad ? 0u : nvfp4_encode(x[e], denom)) << (4 * (e % 8));
+        // |x| / denom (the sign of x / denom is x's, -0 included: code 8 as in the reference)
+        const float q = div_rn_by_recip(fabsf(x[e]), denom, r);
+        const uint32_t code = ((__float_as_uint(x[e]) >> 28) & 0x8u) | e2m1_encode_abs(q);
+        w[e / 8] |= (code & keep) << (4 * (e % 8));
       }
       if (bad) sf[g] = NVFP4_INVALID_SCALE_BYTE;
     }
@@ -144,6 +144,96 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
   }
 }
 
+// int4 lane geometry: up to 32 elements per lane as NC chunks of VEC (16 bytes), so that a
+// d=128 vector spans 4 lanes and the RHT needs 2 shuffle stages instead of 4 (see wht_chunked).
+template <int D, typename T> struct Int4Geometry {
+  static constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  static constexpr int EPT = D < 32 ? D : 32;
+  static constexpr int LANES = D / EPT;
+  static constexpr int NC = EPT / VEC;
+  static_assert(NC >= 1 && EPT % VEC == 0, "whole 16-byte chunks per lane");
+};
+
+template <typename T> struct Pair;
+template <> struct Pair<__nv_bfloat16> {
+  using V = __nv_bfloat162;
+  static __device__ __forceinline__ V pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(V v) { return __bfloat1622float2(v); }
+};
+template <> struct Pair<__half> {
+  using V = __half2;
+  static __device__ __forceinline__ V pack(float a, float b) { return __floats2half2_rn(a, b); }
+  static __device__ __forceinline__ float2 unpack(V v) { return __half22float2(v); }
+};
+
+// 16 raw bytes -> VEC floats at x[off …].
+template <typename T, int EPT>
+__device__ __forceinline__ void raw16_to_float(uint4 raw, float (&x)[EPT], int off) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int j = 0; j < 16 / static_cast<int>(sizeof(T)); ++j) x[off + j] = to_float(e[j]);
+}
+
+// int4_per_token_head: x holds s ⊙ (head vector) already (signs applied to the raw loads) in
+// the chunked layout. Rotate, round to T, min/max, codes, one 16-byte chunk -> VEC/2 code bytes.
+template <int D, typename T>
+__device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>::EPT], bool active,
+                                                  int lig, uint8_t* row) {
+  using G = Int4Geometry<D, T>;
+  constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
+  wht_chunked<EPT, LANES, VEC>(x, lig);
+  float mn, mx;
+  if constexpr (sizeof(T) == 2) {
+    // round to the input dtype two at a time; min/max on the packed pairs
+    using P = Pair<T>;
+    typename P::V vmin, vmax;
+#pragma unroll
+    for (int j = 0; j < EPT / 2; ++j) {
+      const typename P::V v = P::pack(x[2 * j], x[2 * j + 1]);
+      if (j == 0) {
+        vmin = v;
+        vmax = v;
+      } else {
+        vmin = __hmin2(vmin, v);
+        vmax = __hmax2(vmax, v);
+      }
+      const float2 f = P::unpack(v);
+      x[2 * j] = f.x;
+      x[2 * j + 1] = f.y;
+    }
+    const float2 a = P::unpack(vmin), b = P::unpack(vmax);
+    mn = fminf(a.x, a.y);
+    mx = fmaxf(b.x, b.y);
+  } else {
+    mn = x[0];
+    mx = x[0];
+#pragma unroll
+    for (int j = 1; j < EPT; ++j) {
+      mn = fminf(mn, x[j]);
+      mx = fmaxf(mx, x[j]);
+    }
+  }
+  mn = group_min<LANES>(mn);
+  mx = group_max<LANES>(mx);
+  // NaN/Inf rule: every rotated element depends on every input with weight ±1, so a NaN or
+  // Inf input makes every output non-finite, and mx - mn is then non-finite too.
+  const bool bad = !isfinite(mx - mn);
+  const Int4Params p = int4_qparams(mn, mx);
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    uint32_t w = 0;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) w |= int4_encode(x[c * VEC + j], p) << (4 * j);
+    if (bad) w = 0;
+    uint8_t* dst = row + (c * VEC * LANES + lig * VEC) / 2;
+    if (active) {
+      if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = w;
+      else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
+    }
+  }
+  if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = bad ? INVALID_SCALE_BITS : p.word;
+}
+
 }  // namespace
 
 // key/value: (num_tokens, H, D) with token stride key_stride / value_stride (elements; the
@@ -156,9 +246,47 @@ __global__ void __launch_bounds__(256, 2) reshape_and_cache(
     const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
     long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
     long long num_tokens, int H, int block_size, float k_scale, float v_scale) {
+  static_assert(!SWIZZLE || FMT == FMT_NVFP4, "the V-scale swizzle is nvfp4's");
+  if constexpr (FMT == FMT_INT4) {
+    using G = Int4Geometry<D, T>;
+    constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
+    const int lig = threadIdx.x & (LANES - 1);
+    const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+    const long long token = group / H;
+    const int h = static_cast<int>(group - token * H);
+    long long slot = -1;
+    if (token < num_tokens) slot = slot_mapping[token];
+    const bool active = slot >= 0;
+    // all 2·NC 16-byte loads first; the RHT signs are XORed into the raw words
+    uint4 rk[NC], rv[NC];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int first = c * VEC * LANES + lig * VEC;
+      if (active) {
+        rk[c] = __ldg(reinterpret_cast<const uint4*>(key + token * key_stride + h * D + first));
+        rv[c] = __ldg(reinterpret_cast<const uint4*>(value + token * value_stride + h * D + first));
+      } else {
+        rk[c] = make_uint4(0, 0, 0, 0);
+        rv[c] = make_uint4(0, 0, 0, 0);
+      }
+    }
+    float xk[EPT], xv[EPT];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      const int first = c * VEC * LANES + lig * VEC;
+      raw16_to_float<T, EPT>(rht_signs_raw16<T>(rk[c], first), xk, c * VEC);
+      raw16_to_float<T, EPT>(rht_signs_raw16<T>(rv[c], first), xv, c * VEC);
+    }
+    const long long blk = active ? slot / block_size : 0;
+    const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
+    constexpr long long ROW = row_bytes<FMT_INT4>(D);
+    const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
+    uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
+    encode_store_int4<D, T>(xk, active, lig, row_k);
+    encode_store_int4<D, T>(xv, active, lig, row_k + side_bytes);
+  } else {
   using G = RowGeometry<D, T>;
   constexpr int EPT = G::EPT, LANES = G::LANES;
-  static_assert(!SWIZZLE || FMT == FMT_NVFP4, "the V-scale swizzle is nvfp4's");
   static_assert(!SWIZZLE || D >= 64, "the V-scale swizzle needs d/16 % 4 == 0");
   const int lig = threadIdx.x & (LANES - 1);
   const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -186,4 +314,5 @@ __global__ void __launch_bounds__(256, 2) reshape_and_cache(
   const long long row_off = (static_cast<long long>(t) * H + h) * ROW;
   encode_store<FMT, D, T, false>(xk, active, lig, slab_k + row_off, slab_k, t, h, H, block_size, k_scale);
   encode_store<FMT, D, T, SWIZZLE>(xv, active, lig, slab_v + row_off, slab_v, t, h, H, block_size, v_scale);
+  }
 }

@@ -39,11 +39,13 @@ def test_write_path_families_are_registered(family):
 def test_rht_sign_table_is_vllms():
     """The __constant__ sign bits in hadamard.cuh are exactly VLLM_SIGNS_512 (bit i = sign i is -1)."""
     text = (loader.kernels_dir() / "hadamard.cuh").read_text()
-    body = re.search(r"kRhtNegBits\[16\]\s*=\s*\{([^}]*)\}", text).group(1)
-    words = [int(w.strip().rstrip("u"), 16) for w in body.split(",") if w.strip()]
-    assert len(words) == 16
-    signs = "".join("-" if (words[i // 32] >> (i % 32)) & 1 else "+" for i in range(512))
-    assert signs == VLLM_SIGNS_512
+    bodies = re.findall(r"kRhtNegBits(?:Const)?\[16\]\s*=\s*\{([^}]*)\}", text)
+    assert len(bodies) == 2, "both the __constant__ and the constexpr table"
+    for body in bodies:
+        words = [int(w.strip().rstrip("u"), 16) for w in body.split(",") if w.strip()]
+        assert len(words) == 16
+        signs = "".join("-" if (words[i // 32] >> (i % 32)) & 1 else "+" for i in range(512))
+        assert signs == VLLM_SIGNS_512
 
 
 def test_write_family_covers_every_format_and_head_size():

@@ -59,6 +59,14 @@ def _lanes(d: int, itemsize: int) -> int:
     return max(1, min(32, d // (16 // itemsize)))
 
 
+def _write_lanes(fmt_name: str, d: int, itemsize: int) -> int:
+    """Lanes per (token, head) of the write kernel: ``Int4Geometry`` (up to 32 elements per
+    lane) for int4, ``RowGeometry`` otherwise (kernels_cu/reshape_and_cache.cu)."""
+    if fmt_name == "int4_per_token_head":
+        return d // min(d, 32)
+    return _lanes(d, itemsize)
+
+
 def _rows(x):
     """``x`` ``(T, H, d)`` as (array, token stride in elements) the kernel can read with 16-byte loads.
 
@@ -109,7 +117,7 @@ def launch_reshape_and_cache(key, value, kv_cache, slot_mapping, fmt, k_scale: f
     key, ks = _rows(key)
     value, vs = _rows(value)
     slots = _slots_int64(slot_mapping)
-    lanes = _lanes(d, _ITEMSIZE[dt])
+    lanes = _write_lanes(fmt.name, d, _ITEMSIZE[dt])
     grid = -(-(T * H * lanes) // THREADS)
     with L.stream_of(kv_cache):
         k = get_kernel(spec, arrays.device_id(kv_cache))
@@ -175,17 +183,20 @@ def dequantize_cache(kv_cache, kv_cache_dtype="auto", k_scale=1.0, v_scale=1.0):
 
 
 def codec_probe(x):
-    """E2M1 and E4M3 codes of float32 ``x`` (CuPy/torch, contiguous) by the device codecs (tests)."""
+    """E2M1, E4M3 and paired-E4M3 (``e4m3x2_encode``, the fp8 write path) codes of float32 ``x``
+    (CuPy/torch, contiguous) by the device codecs (tests)."""
     n = 1
     for s in arrays.shape(x):
         n *= s
     c2 = L.empty(x, arrays.shape(x), "uint8")
     c4 = L.empty(x, arrays.shape(x), "uint8")
+    c4x2 = L.empty(x, arrays.shape(x), "uint8")
     if n:
         with L.stream_of(x):
             k = get_kernel(PROBE_ENCODE, arrays.device_id(x))
-            L.launch(k, (-(-n // THREADS),), (THREADS,), (L.ptr(x), L.ptr(c2), L.ptr(c4), L.i64(n)))
-    return c2, c4
+            L.launch(k, (-(-n // THREADS),), (THREADS,),
+                     (L.ptr(x), L.ptr(c2), L.ptr(c4), L.ptr(c4x2), L.i64(n)))
+    return c2, c4, c4x2
 
 
 def codec_tables(like):
