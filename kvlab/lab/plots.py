@@ -27,12 +27,21 @@ def bits_vs_quality(rows, bar_kl: float | None = None):
     plt = _plt()
     fig, axes = plt.subplots(1, 2, figsize=(13, 5))
     rows = [r for r in rows if r["kl"] > 0]
+    formats = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
+    # many recipes share a bit count: label the formats and the lone points, not the crowd
+    crowd = {b for b in {r["bits"] for r in rows} if sum(r["bits"] == b for r in rows) > 3}
     for ax, key in zip(axes, ("kl", "ppl")):
         for r in rows:
-            fmt = r["recipe"] in ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
-            ax.scatter(r["bits"], r[key], marker="s" if fmt else "o", s=50 if fmt else 30,
-                       color="C3" if fmt else "C0", zorder=3)
-            ax.annotate(r["recipe"], (r["bits"], r[key]), fontsize=7, xytext=(4, 2), textcoords="offset points")
+            fmt = r["recipe"] in formats
+            ax.scatter(r["bits"], r[key], marker="s" if fmt else "o", s=50 if fmt else 22,
+                       color="C3" if fmt else "C0", zorder=3 if fmt else 2, alpha=1.0 if fmt else 0.7)
+            if fmt or r["bits"] not in crowd:
+                ax.annotate(r["recipe"], (r["bits"], r[key]), fontsize=7, xytext=(5, 2),
+                            textcoords="offset points")
+        for b in crowd:
+            ax.annotate(f"{sum(r['bits'] == b for r in rows)} recipes at {b:.3g} bits\n(see candidates_kl)",
+                        (b, min(r[key] for r in rows if r["bits"] == b)), fontsize=7, xytext=(-10, -28),
+                        textcoords="offset points", color="C0")
         ax.set_xlabel("storage bits per element (scales, zero points included)")
         ax.grid(alpha=0.3)
     axes[0].set_yscale("log")
