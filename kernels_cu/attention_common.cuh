@@ -8,7 +8,8 @@
 //     (SPEC 2.1 read path, in the rotated domain). For V the offset is bf16 0x4300|c = 128 + c
 //     and Σ_t P'_t·(128 + zp_t) is subtracted per query column.
 //   * int8: byte b -> fp16 bits 0x6400|(b ^ 0x80) = 1152 + c (exact), fold 1152·Σq.
-//   * fp8 E4M3: hardware/software cvt to fp16 (exact: E4M3 ⊂ fp16).
+//   * fp8 E4M3: K: cvt to fp16 (exact: E4M3 ⊂ fp16); V: bits moved into bf16 as value·2^-120
+//     (exact), the 2^120 split between P' (2^64) and the output (2^56).
 //   * nvfp4: E2M1 nibble -> fp16 bits (mag << 9 | sign << 15) = value·2^-14 (exact, also the
 //     subnormal 0.5), times the group's E4M3 scale ·2^7 in fp16: value·sf·2^-7, exact
 //     (≤ 6 significant bits, ≥ 2^-17, fp16 keeps ≥ 7 bits there); ·2^7·global_scale is
@@ -241,9 +242,11 @@ __device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t
     return *reinterpret_cast<uint32_t*>(&r);
   } else if constexpr (FMT == FP8) {
     const int m = l >> 2, i = l & 3;
-    // bytes (wa.i, wb.i) -> 16 bits, E4M3 pair -> fp16x2 -> bf16x2
-    const uint32_t x = prmt(wa[m], wb[m], static_cast<uint32_t>(i | ((4 + i) << 4)));
-    return h2_to_bf2(e4m3x2_to_h2(x));
+    // E4M3 byte b -> bf16 bits (b & 0x7F) << 4 | sign << 15 = value·2^-120, exact for normal
+    // and subnormal codes (the exponent field moves as is; P' carries 2^64, the output 2^56).
+    // Bytes (wa.i, wb.i) go to bytes 1 and 3 so that the signs already sit in bits 15 / 31.
+    const uint32_t x = prmt(wa[m], wb[m], static_cast<uint32_t>((i << 4) | ((4 + i) << 12)));
+    return ((x >> 4) & 0x07F007F0u) | (x & 0x80008000u);
   } else {
     const int m = l >> 1;
     return prmt(wa[m], wb[m], (l & 1) ? 0x7632u : 0x5410u);

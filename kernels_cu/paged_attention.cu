@@ -31,6 +31,9 @@ constexpr int NCOL = 8;   // query columns per CTA (the mma N dimension)
 constexpr int ITEM = 5;   // ints per work item: seq, tok0, kv_lo, kv_hi, part (-1: final)
 constexpr float NEG_BIG = -1.0e30f;  // running-max start: exp2(NEG_BIG - NEG_BIG) = 1, no NaN
 __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+// fp8 V operands are value·2^-120 (attention_common.cuh): P' carries 2^64, the output 2^56.
+constexpr float FP8_V_P = 18446744073709551616.0f;   // 2^64
+constexpr float FP8_V_OUT = 72057594037927936.0f;    // 2^56
 }  // namespace
 
 template <int FMT, int D, typename T>
@@ -223,6 +226,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
       ksc_g = __uint_as_float(r.pkg); ksc_g8 = __uint_as_float(r.pkg8);
       vsc_g = __uint_as_float(r.pvg); vsc_g8 = __uint_as_float(r.pvg8);
       if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
+      if constexpr (FMT == FP8) { vsc_g *= FP8_V_P; vsc_g8 *= FP8_V_P; }
     }
     if constexpr (FMT == NVFP4) {
 #pragma unroll
@@ -355,7 +359,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
     }
   }
   __syncthreads();
-  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : 1.f;
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
   for (int idx = tid; idx < NCOL * D; idx += NW * 32) {
     const int n = idx / D, dim = idx - n * D;
     float M = m_sm[0][n];
@@ -729,6 +733,7 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
           sb = __uint_as_float(rvpb & ~0xFu); zb = 128.f + static_cast<float>(rvpb & 0xFu);
         } else if constexpr (FMT == INT8 || FMT == FP8) {
           sa = __uint_as_float(rvpa); sb = __uint_as_float(rvpb);
+          if constexpr (FMT == FP8) { sa *= FP8_V_P; sb *= FP8_V_P; }
         }
         par[2 * PF_KT + 2 * vp] = sa; par[2 * PF_KT + 2 * vp + 1] = sb;
         par[3 * PF_KT + 2 * vp] = za; par[3 * PF_KT + 2 * vp + 1] = zb;
@@ -832,7 +837,7 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1); l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
   z0 += __shfl_xor_sync(0xffffffffu, z0, 1); z0 += __shfl_xor_sync(0xffffffffu, z0, 2);
   z1 += __shfl_xor_sync(0xffffffffu, z1, 1); z1 += __shfl_xor_sync(0xffffffffu, z1, 2);
-  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : 1.f;
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
   const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
   __syncthreads();  // tile buffers -> output rows
   float* o_sm = reinterpret_cast<float*>(smem);

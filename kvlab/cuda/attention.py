@@ -174,7 +174,7 @@ class AttentionPlan:
 
 
 def _splits_for_waves(n_base: int, capacity: int, max_splits: int = 256) -> int:
-    """Smallest split count whose CTAs fill the resident slots evenly (>= 85 % of the last wave).
+    """Smallest split count whose CTAs fill the resident slots evenly (>= 95 % of the slots of every wave).
 
     ``n_base`` CTAs without splitting, ``capacity`` CTAs resident at once on the GPU. With
     fewer CTAs than slots the GPU is partly idle; with 1.3 waves the last wave is.
@@ -186,7 +186,7 @@ def _splits_for_waves(n_base: int, capacity: int, max_splits: int = 256) -> int:
         n = n_base * ns
         waves = -(-n // capacity)
         eff = n / (waves * capacity)
-        if eff >= 0.85:
+        if eff >= 0.95:
             return ns
         if eff > best_eff + 1e-9:
             best, best_eff = ns, eff
