@@ -119,35 +119,49 @@ template <int FMT> __device__ __forceinline__ float per_token_head_scale(float a
 // One code byte of x given inv_scale = float32(1 / scale).
 // int8: clamp(round_half_away(v), -128, 127) = sign · floor(min(|v|, 128) + 0.5), capped at
 // 127 for v >= 0 — computed without float->int conversions (round_half_up_bits).
+// int8 code of v = x · (1/scale), as float bits whose low byte is the code (two's complement).
+// Reference: clamp(round_half_away(v), -128, 127). The clamp never acts: scale >= absmax/127
+// (rounded up to within 2^-24) and 1/scale is rounded to within 2^-24, so |v| <= 127·(1 + 3·2^-24)
+// < 127.5 (and with the 1e-6 scale floor |v| = |x|·1e6 < 127); so only the rounding is done,
+// exactly, with float adds (no float->int conversion, which runs at 1/8 of the FP32 rate):
+//   u = RZ(v + copysign(0.5, v))            truncating keeps floor(|v| + 0.5) intact;
+//   t = RZ(u + c2), c2 = copysign(2^23, u)  = ±(2^23 + trunc|u|)  (grid 1 above 2^23);
+//   t + (1.5·2^23 - c2)                     = 1.5·2^23 + round_half_away(v), exact, whose
+//                                             float bits hold the code in the low byte.
+__device__ __forceinline__ uint32_t int8_code_bits(float v) {
+  const uint32_t sgn = __float_as_uint(v) & 0x80000000u;
+  const float u = __fadd_rz(v, __uint_as_float(sgn | 0x3F000000u));  // ± 0.5
+  const float c2 = __uint_as_float(sgn | 0x4B000000u);                 // ± 2^23
+  const float t = __fadd_rz(u, c2);
+  return __float_as_uint(__fadd_rn(t, __fsub_rn(12582912.0f, c2)));
+}
+
+// One code byte of x given inv_scale = float32(1 / scale).
 template <int FMT> __device__ __forceinline__ uint32_t per_token_head_encode(float x, float inv_scale) {
   const float v = __fmul_rn(x, inv_scale);
   if constexpr (FMT == FMT_INT8) {
-    // Clamp first (equivalent: the bounds are integers), then round half away from zero as
-    // trunc(v ± 0.5) with both steps exact in float adds, no float->int conversion:
-    //   u = RZ(v + copysign(0.5, v))  — truncating the sum keeps floor(|v| + 0.5) intact;
-    //   t = RZ(u + copysign(2^23, u)) = ±(2^23 + trunc|u|)  (grid 1 above 2^23);
-    //   t + (1.5·2^23 ∓ 2^23) = 1.5·2^23 + rounded v, exact, whose float bits hold the
-    //   rounded value two's complement in the low byte.
-    const float vc = fminf(fmaxf(v, -128.0f), 127.0f);
-    const uint32_t sgn = __float_as_uint(vc) & 0x80000000u;
-    const float u = __fadd_rz(vc, __uint_as_float(sgn | 0x3F000000u));        // ± 0.5
-    const float c2 = __uint_as_float(sgn | 0x4B000000u);                       // ± 2^23
-    const float t = __fadd_rz(u, c2);
-    const float k = sgn ? 20971520.0f : 4194304.0f;                           // 1.5·2^23 - c2
-    return __float_as_uint(__fadd_rn(t, k)) & 0xFFu;
+    return int8_code_bits(v) & 0xFFu;
   } else {
     return e4m3_encode(fminf(fmaxf(v, -448.0f), 448.0f));
   }
 }
 
-// Two code bytes (x0 in bits 0-7, x1 in bits 8-15). fp8 uses the paired E4M3 conversion
-// (one hardware instruction on sm_89+, see fp_codecs.cuh); saturation to ±448 is part of it.
+// Four code bytes of x0..x3 (x0 in the low byte), packed with byte permutes. fp8 uses the
+// paired E4M3 conversion (one hardware instruction per pair on sm_89+, see fp_codecs.cuh);
+// saturation to ±448 is part of it.
 template <int FMT>
-__device__ __forceinline__ uint32_t per_token_head_encode2(float x0, float x1, float inv_scale) {
+__device__ __forceinline__ uint32_t per_token_head_encode4(float x0, float x1, float x2, float x3,
+                                                           float inv_scale) {
   if constexpr (FMT == FMT_INT8) {
-    return per_token_head_encode<FMT>(x0, inv_scale) | (per_token_head_encode<FMT>(x1, inv_scale) << 8);
+    const uint32_t b0 = int8_code_bits(__fmul_rn(x0, inv_scale));
+    const uint32_t b1 = int8_code_bits(__fmul_rn(x1, inv_scale));
+    const uint32_t b2 = int8_code_bits(__fmul_rn(x2, inv_scale));
+    const uint32_t b3 = int8_code_bits(__fmul_rn(x3, inv_scale));
+    return __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
   } else {
-    return e4m3x2_encode(__fmul_rn(x0, inv_scale), __fmul_rn(x1, inv_scale));
+    const uint32_t lo = e4m3x2_encode(__fmul_rn(x0, inv_scale), __fmul_rn(x1, inv_scale));
+    const uint32_t hi = e4m3x2_encode(__fmul_rn(x2, inv_scale), __fmul_rn(x3, inv_scale));
+    return __byte_perm(lo, hi, 0x5410);
   }
 }
 

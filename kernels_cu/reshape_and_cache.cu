@@ -81,9 +81,8 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     uint32_t w[EPT / 4];
 #pragma unroll
     for (int k = 0; k < EPT / 4; ++k) {
-      const uint32_t lo = per_token_head_encode2<FMT>(x[4 * k], x[4 * k + 1], inv);
-      const uint32_t hi = per_token_head_encode2<FMT>(x[4 * k + 2], x[4 * k + 3], inv);
-      w[k] = bad ? 0u : (lo | (hi << 16));
+      const uint32_t c = per_token_head_encode4<FMT>(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3], inv);
+      w[k] = bad ? 0u : c;
     }
     if (bad) scale = __uint_as_float(INVALID_SCALE_BITS);
     if (active) {
@@ -121,14 +120,19 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
       sf[g] = nvfp4_scale_encode_fast(amax_g[g], global_scale, inv_gs);
       const float denom = nvfp4_denom(sf[g], global_scale);
       const float r = __frcp_rn(denom);                       // once per group
-      const uint32_t keep = (bad || denom == 0.0f) ? 0u : 0xFu;  // codes 0 when sf == 0
+      const bool zero = bad || denom == 0.0f;  // codes 0 when sf == 0 (and for the invalid row)
+      uint32_t gw[GE >= 8 ? GE / 8 : 1] = {};  // this group's codes, packed
 #pragma unroll
       for (int j = 0; j < GE; ++j) {
-        const int e = g * GE + j;
         // |x| / denom (the sign of x / denom is x's, -0 included: code 8 as in the reference)
-        const float q = div_rn_by_recip(fabsf(x[e]), denom, r);
-        const uint32_t code = ((__float_as_uint(x[e]) >> 28) & 0x8u) | e2m1_encode_abs(q);
-        w[e / 8] |= (code & keep) << (4 * (e % 8));
+        const float q = div_rn_by_recip(fabsf(x[g * GE + j]), denom, r);
+        const uint32_t code = ((__float_as_uint(x[g * GE + j]) >> 28) & 0x8u) | e2m1_encode_abs(q);
+        gw[j / 8] |= code << (4 * (j % 8));
+      }
+#pragma unroll
+      for (int k = 0; k < (GE >= 8 ? GE / 8 : 1); ++k) {
+        const int e0 = g * GE + 8 * k;  // first element of this word
+        w[e0 / 8] |= (zero ? 0u : gw[k]) << (4 * (e0 % 8));
       }
       if (bad) sf[g] = NVFP4_INVALID_SCALE_BYTE;
     }
@@ -242,7 +246,7 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
 // k_scale / v_scale: nvfp4 global (dequantization) scales, unused otherwise.
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
 template <int FMT, int D, typename T, bool SWIZZLE>
-__global__ void __launch_bounds__(256, 2) reshape_and_cache(
+__global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D <= 256) ? 3 : 2) reshape_and_cache(
     const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
     long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
     long long num_tokens, int H, int block_size, float k_scale, float v_scale) {
@@ -270,20 +274,27 @@ __global__ void __launch_bounds__(256, 2) reshape_and_cache(
         rv[c] = make_uint4(0, 0, 0, 0);
       }
     }
-    float xk[EPT], xv[EPT];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int first = c * VEC * LANES + lig * VEC;
-      raw16_to_float<T, EPT>(rht_signs_raw16<T>(rk[c], first), xk, c * VEC);
-      raw16_to_float<T, EPT>(rht_signs_raw16<T>(rv[c], first), xv, c * VEC);
-    }
     const long long blk = active ? slot / block_size : 0;
     const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
     constexpr long long ROW = row_bytes<FMT_INT4>(D);
     const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
     uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
-    encode_store_int4<D, T>(xk, active, lig, row_k);
-    encode_store_int4<D, T>(xv, active, lig, row_k + side_bytes);
+    // K, then V: only one side's floats are live at a time (V waits as raw words), which keeps
+    // the register count low enough for more resident warps to hide the shuffle latencies
+    {
+      float x[EPT];
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        raw16_to_float<T, EPT>(rht_signs_raw16<T>(rk[c], c * VEC * LANES + lig * VEC), x, c * VEC);
+      encode_store_int4<D, T>(x, active, lig, row_k);
+    }
+    {
+      float x[EPT];
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        raw16_to_float<T, EPT>(rht_signs_raw16<T>(rv[c], c * VEC * LANES + lig * VEC), x, c * VEC);
+      encode_store_int4<D, T>(x, active, lig, row_k + side_bytes);
+    }
   } else {
   using G = RowGeometry<D, T>;
   constexpr int EPT = G::EPT, LANES = G::LANES;
