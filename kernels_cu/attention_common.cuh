@@ -83,14 +83,6 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   return __byte_perm(a, b, sel);
 }
 
-// fp16x2 bits -> bf16x2 bits (exact for values representable in both, e.g. E4M3 values).
-__device__ __forceinline__ uint32_t h2_to_bf2(uint32_t h) {
-  __half2 x = *reinterpret_cast<__half2*>(&h);
-  float2 f = __half22float2(x);
-  __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
-  return *reinterpret_cast<uint32_t*>(&b);
-}
-
 // Two E4M3 bytes (low 16 bits of x, first element in the low byte) -> fp16x2 bits, exact.
 __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t x) {
   __half2_raw r = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(x & 0xFFFFu),
