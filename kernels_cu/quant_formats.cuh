@@ -178,7 +178,7 @@ template <int FMT> __device__ __forceinline__ float per_token_head_decode(uint32
 constexpr int NVFP4_GROUP = 16;
 
 // E4M3 block-scale byte of a 16-element group: e4m3(amax / 6 / global_scale), two float32
-// divisions as the reference does.
+// divisions as the reference does (the plain form; the write kernel uses the _fast variant).
 __device__ __forceinline__ uint32_t nvfp4_scale_encode(float amax16, float global_scale) {
   return e4m3_encode(__fdiv_rn(__fdiv_rn(amax16, 6.0f), global_scale));
 }
@@ -211,6 +211,7 @@ __device__ __forceinline__ float nvfp4_denom(uint32_t sf_byte, float global_scal
 #endif
   return global_scale == 1.0f ? sf : __fmul_rn(sf, global_scale);
 }
+// (the plain form of one code; the write kernel divides with div_rn_by_recip instead)
 __device__ __forceinline__ uint32_t nvfp4_encode(float x, float denom) {
   return denom == 0.0f ? 0u : e2m1_encode(__fdiv_rn(x, denom));
 }

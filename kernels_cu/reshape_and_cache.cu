@@ -1,27 +1,38 @@
 // kvlab — fused quantize-and-write of K and V into a paged cache, every format, one pass.
 // Python op: kvlab/cuda/cache.py. Reference: kvlab/reference/cache.py + kvlab/formats/*.py.
+// Measurements and the reasoning behind the instruction-level choices: docs/perf-notes.md.
 //
-// One lane group (RowGeometry: 16 bytes of input per lane, LANES <= 32 lanes) owns one
-// (token, head) and writes both its K and its V row: both 16-byte loads are issued before
-// any math, the RHT (int4) runs in registers and shuffles, and each cache byte is written
-// once. Per (token, head) at d = 128, bf16 in: reads 2·256 bytes, writes 2·row bytes
-// (auto 256, int8/fp8 132, int4 68, nvfp4 72). Consecutive groups are consecutive heads of
-// one token, so reads of K/V and writes of the cache rows are contiguous across a warp.
+// One lane group owns one (token, head) and writes both its K and its V row: all loads are
+// issued before any math and each cache byte is written once. Per (token, head) at d = 128,
+// bf16 in: reads 2·256 bytes, writes 2·row bytes (auto 256, int8/fp8 132, int4 68, nvfp4 72).
+// Consecutive groups are consecutive heads of one token, so K/V reads and cache-row writes are
+// contiguous across a warp.
+//   auto, int8, fp8, nvfp4: RowGeometry — 16 bytes of input per lane (bf16 d=128: 16 lanes × 8).
+//   int4: Int4Geometry — up to 32 elements per lane as 16-byte chunks (bf16 d=128: 4 lanes ×
+//         4 chunks), so the RHT runs mostly in registers (wht_chunked: 2 shuffle stages).
+// At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
+// ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
+// adds instead), no per-element IEEE division (Markstein correction from a per-group
+// reciprocal), hardware E4M3 conversion on sm_89+, signs XORed into the raw loads.
 //
 // Skipped tokens (slot < 0) and the grid tail keep running on zeros (the shuffles need every
 // lane) but load and store nothing: their cache rows are untouched.
 //
 // Bit-exactness vs the reference: every rounding step of the formats is done with the same
-// float32 operation (quant_formats.cuh). The one difference is the int4 RHT: the reference
-// sums in float64 and rounds to the input dtype, the kernel sums in float32 and rounds to the
-// input dtype; the two agree unless the float32 sum is off by an ulp right at a rounding tie
-// of the (8- or 11-bit) input dtype — rare, and counted by tests/gpu/test_reshape_and_cache_gpu.py.
-// For float32 inputs the rotated vector itself is float32, so there last-bit differences are
-// common and the test bounds codes to ±1 and scales to float32 rounding.
+// float32 operation or an exactly equivalent one (quant_formats.cuh, fp_codecs.cuh). The one
+// difference is the int4 RHT: the reference sums in float64 and rounds to the input dtype, the
+// kernel sums in float32 and rounds to the input dtype; the two agree unless the float32 sum is
+// off by an ulp right at a rounding tie of the (8- or 11-bit) input dtype — rare, and counted
+// by tests/gpu/test_reshape_and_cache_gpu.py. For float32 inputs the rotated vector itself is
+// float32, so there last-bit differences are common and the test bounds codes to ±1 and scales
+// to float32 rounding.
 //
 // NaN/Inf inputs follow the rule of kvlab/formats/base.py, as the reference does: a vector
 // with any non-finite element is written as the format's invalid row (codes 0, NaN scale);
-// auto copies values as given. One or-reduction over the lane group decides it.
+// auto copies values as given. int8/fp8/nvfp4 detect it from a NaN-propagating absmax, int4
+// from max - min of the rotated vector (every rotated element depends on every input).
+// (A finite int4 input so large that its rotation overflows float32, |x| ~ 1e36, is flagged
+// invalid here but not by the reference, which rotates in float64.)
 #include "common.cuh"
 #include "fp_codecs.cuh"
 #include "hadamard.cuh"
