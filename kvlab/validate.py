@@ -132,15 +132,16 @@ def check_paged_attention(
             f"block_table: sequence {i} needs {int(nblk_needed[i])} blocks "
             f"(seq_lens={int(sl[i])}, block_size={dims.block_size}), got only {maxb} columns"
         )
-    for i in range(S):
-        used = bt[i, : nblk_needed[i]]
-        bad = (used < 0) | (used >= dims.num_blocks)
-        if np.any(bad):
-            j = int(np.argmax(bad))
-            raise ValueError(
-                f"block_table: entries used by sequence {i} must be in [0, {dims.num_blocks}), "
-                f"got block_table[{i}, {j}]={int(used[j])}"
-            )
+    # entries a sequence uses (columns < its block count) must name a real block; one vectorized
+    # pass (this runs on every call, so no Python loop over sequences)
+    used = np.arange(maxb)[None, :] < nblk_needed[:, None]
+    bad = used & ((bt < 0) | (bt >= dims.num_blocks))
+    if bad.any():
+        i, j = (int(v[0]) for v in np.nonzero(bad))
+        raise ValueError(
+            f"block_table: entries used by sequence {i} must be in [0, {dims.num_blocks}), "
+            f"got block_table[{i}, {j}]={int(bt[i, j])}"
+        )
     if softmax_scale is None:
         softmax_scale = 1.0 / np.sqrt(d)
     softmax_scale = checks.check_float(softmax_scale, "softmax_scale", positive=True)
