@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import arrays, checks, validate
+from . import arrays, checks
 from .formats import get_format
 from .reference import attention as _ref_attention
 from .reference import cache as _ref_cache

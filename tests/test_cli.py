@@ -2,8 +2,6 @@
 import subprocess
 import sys
 
-import pytest
-
 
 def run(*args, timeout=600):
     return subprocess.run([sys.executable, "-m", "kvlab", *args], capture_output=True, text=True,

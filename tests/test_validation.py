@@ -125,7 +125,7 @@ def _attn_args(rng):
 
 
 def _bad_attention_cases(a):
-    q, bt, sl, qsl = a["q"], a["block_table"], a["seq_lens"], a["query_start_loc"]
+    q, bt, sl = a["q"], a["block_table"], a["seq_lens"]
     return [
         (dict(q=q.astype(np.int32)), TypeError, "q: expected dtype"),
         (dict(q=q[0]), ValueError, "q: expected 3 dimensions"),

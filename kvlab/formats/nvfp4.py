@@ -173,7 +173,7 @@ class NVFP4(CacheFormat):
             offsets = np.asarray(offsets)
             t_st = tp[offsets]  # (n, S)
             g_st = gp[offsets]
-            n, H = sf.shape[0], sf.shape[1]
+            H = sf.shape[1]
             b = np.asarray(blocks)[:, None, None]
             h = np.arange(H)[None, :, None]
             scales[b, 1, t_st[:, None, :], h, g_st[:, None, :]] = sf

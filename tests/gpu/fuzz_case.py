@@ -49,26 +49,18 @@ CPU_MODE = os.environ.get("KVLAB_FUZZ_CPU") == "1"
 
 
 def dev(a: np.ndarray):
-    """NumPy → torch CUDA tensor (bf16 through an int16 view), or NumPy itself in CPU mode."""
+    """NumPy → torch CUDA tensor, or NumPy itself in CPU mode."""
     if CPU_MODE:
         return a.copy()
-    import torch
+    from tests.gpu.device_arrays import to_dev
 
-    a = np.ascontiguousarray(a)
-    if a.dtype == NUMPY_BF16:
-        return torch.from_numpy(a.view(np.int16)).cuda().view(torch.bfloat16)
-    return torch.from_numpy(a).cuda()
+    return to_dev(a, "torch")
 
 
 def host(t) -> np.ndarray:
-    if isinstance(t, np.ndarray):
-        return t
-    import torch
+    from tests.gpu.device_arrays import to_host
 
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(NUMPY_BF16)
-    return t.numpy()
+    return to_host(t)
 
 
 def run_case(case: dict) -> str:

@@ -8,37 +8,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvlab.arrays import NUMPY_BF16
 from kvlab.reference import hadamard as ref
+from tests.gpu.device_arrays import NP_DTYPES, to_dev, to_host, torch
 
 pytestmark = pytest.mark.gpu
 
-try:
-    import torch
-except ImportError:  # pragma: no cover - torch is part of the GPU environment
-    torch = None
-
 HEAD_SIZES = (16, 32, 64, 128, 256, 512)
-NP_DTYPES = {"bfloat16": NUMPY_BF16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
 MANTISSA_BITS = {"bfloat16": 7, "float16": 10, "float32": 23}
-
-
-def to_dev(a: np.ndarray, kind: str):
-    if kind == "torch":
-        if a.dtype == NUMPY_BF16:
-            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).cuda()
-        return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-    import cupy
-    return cupy.asarray(a)
-
-
-def to_host(x) -> np.ndarray:
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).cpu().numpy().view(NUMPY_BF16)
-        return x.cpu().numpy()
-    import cupy
-    return cupy.asnumpy(x)
 
 
 def random_rows(rng, shape, dtype_name):

@@ -11,37 +11,15 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab.arrays import NUMPY_BF16
 from kvlab.reference import cache as ref_cache
 from kvlab.reference.nibble import unpack_nibbles
 
+from tests.gpu.device_arrays import NP_DTYPES, to_dev, to_host
+
 pytestmark = pytest.mark.gpu
 
-try:
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
 
 FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
-NP_DTYPES = {"bfloat16": NUMPY_BF16, "float16": np.dtype(np.float16), "float32": np.dtype(np.float32)}
-
-
-def to_dev(a: np.ndarray, kind: str):
-    if kind == "torch":
-        if a.dtype == NUMPY_BF16:
-            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16).cuda()
-        return torch.from_numpy(np.ascontiguousarray(a)).cuda()
-    import cupy
-    return cupy.asarray(a)
-
-
-def to_host(x) -> np.ndarray:
-    if torch is not None and isinstance(x, torch.Tensor):
-        if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).cpu().numpy().view(NUMPY_BF16)
-        return x.cpu().numpy()
-    import cupy
-    return cupy.asnumpy(x)
 
 
 def random_kv(rng, shape, dtype_name):
