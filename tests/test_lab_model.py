@@ -35,13 +35,18 @@ def ref(lm, windows):
     return metrics.reference_logprobs(lm, windows, 80)
 
 
-def test_model_loads_offline(lm):
-    assert os.environ.get("HF_HUB_OFFLINE") == "1"
+def test_model_loads_offline(lm, monkeypatch):
+    from kvlab.lab.model import SHIPPED_GGUF, _offline, load_model, shipped_gguf_dir
+
+    assert (shipped_gguf_dir() / SHIPPED_GGUF).is_file()
     assert (lm.num_layers, lm.num_q_heads, lm.num_kv_heads, lm.head_dim) == (30, 9, 3, 64)
     assert "SmolLM2" in lm.name
-    from kvlab.lab.model import load_model
-
     assert load_model() is lm  # cached per process
+    # the shipped model loads with HF_HUB_OFFLINE=1, restored afterwards
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    with _offline():
+        assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert "HF_HUB_OFFLINE" not in os.environ
 
 
 def test_bad_model_name_type():

