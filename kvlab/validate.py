@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arrays, checks
-from .formats import get_format
+from . import formats as _formats  # module, not name: kvlab.formats imports kvlab.reference, which imports this
 from .formats.base import CacheFormat
 
 INDEX_DTYPES_SLOT = ("int64", "int32")
@@ -54,7 +54,7 @@ def check_global_scale(value, name: str) -> float:
 
 
 def check_reshape_and_cache(key, value, kv_cache, slot_mapping, kv_cache_dtype, k_scale, v_scale):
-    fmt = get_format(kv_cache_dtype)
+    fmt = _formats.get_format(kv_cache_dtype)
     backend = checks.check_same_backend(
         {"key": key, "value": value, "kv_cache": kv_cache, "slot_mapping": slot_mapping}
     )
@@ -87,7 +87,7 @@ def check_paged_attention(
 
     ``meta`` holds host copies of the index arrays and the derived numbers.
     """
-    fmt = get_format(kv_cache_dtype)
+    fmt = _formats.get_format(kv_cache_dtype)
     backend = checks.check_same_backend(
         {"q": q, "kv_cache": kv_cache, "block_table": block_table, "seq_lens": seq_lens,
          "query_start_loc": query_start_loc}
@@ -155,3 +155,8 @@ def check_paged_attention(
         max_query_len=int(qlen.max(initial=0)), max_seq_len=int(sl.max(initial=0)),
     )
     return fmt, dims, backend, meta
+
+
+def get_format(name):
+    """:func:`kvlab.get_format` (re-exported for the reference modules)."""
+    return _formats.get_format(name)
