@@ -195,3 +195,18 @@ def test_tables(rng):
     p = outlier_profile(_heavy(rng, (100, 2, 64)))
     assert p["absmax_before"].shape == (2, 64)
     assert p["kurtosis_after"] < p["kurtosis_before"]
+
+
+def test_cache_and_side_argument_errors():
+    from kvlab.lab.hf_cache import KVLabCache
+
+    with pytest.raises(TypeError, match="recipe"):
+        KVLabCache(42, model=None)
+    with pytest.raises(ValueError, match="recipe"):
+        KVLabCache("int3_per_token_head", model=None)
+    with pytest.raises(ValueError, match="calib"):
+        KVLabCache(Recipe("c", INT4_SPEC, INT4_SPEC, center_values=True), model=None)
+    with pytest.raises(ValueError, match="backend"):
+        KVLabCache("int4_per_token_head", model=None, backend="triton")
+    with pytest.raises(ValueError, match="side"):
+        roundtrip_side(format_recipe("auto"), "q", np.zeros((2, 1, 64)), 0)

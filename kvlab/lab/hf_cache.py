@@ -36,6 +36,7 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import api
+from ..formats import FORMAT_NAMES
 from .recipes import Calibration, Recipe, format_recipe, roundtrip_side
 from .rope import apply_rope, rope_cos_sin, undo_rope
 
@@ -107,6 +108,8 @@ class KVLabCache(Cache):
 
     def __init__(self, recipe, model, calib: Calibration | None = None, backend: str = "auto"):
         if isinstance(recipe, str):
+            if recipe not in FORMAT_NAMES:
+                raise ValueError(f"recipe: expected a Recipe or one of {list(FORMAT_NAMES)}, got {recipe!r}")
             recipe = format_recipe(recipe)
         if not isinstance(recipe, Recipe):
             raise TypeError(f"recipe: expected a format name or Recipe, got {type(recipe).__name__}")

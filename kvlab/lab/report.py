@@ -126,6 +126,35 @@ def research_rows(e2e_rows, head_size: int, baseline: str = "int4_per_token_head
     return out
 
 
+def _zero_point_reading(zps) -> str:
+    """One paragraph reading the zero-point / scale table (numbers taken from it)."""
+    from .study import group_mean
+
+    g = {r["recipe"]: r for r in group_mean(zps, ["recipe"], ["sqnr_db"])}
+
+    def db(name):
+        return g[name]["sqnr_db"] if name in g else float("nan")
+
+    base = db("zp=int8 scale=fp32")
+
+    def cost(name):
+        c = base - db(name)
+        return f"{abs(c):.3f}" if abs(c) < 0.0005 else f"{c:.3f}"
+
+    parts = [f"Reading it (SQNR averaged over K and V; the reference is a separate int8 zero point with an fp32 "
+             f"scale, {base:.2f} dB; costs in dB): hiding the zero point in the fp32 scale word costs "
+             f"{cost('zp=scale_word scale=fp32')} and saves 8 bits per head; in an fp16 word "
+             f"{cost('zp=scale_word scale=fp16')}; in a bf16 word {cost('zp=scale_word scale=bf16')}, because it "
+             f"then rewrites 4 of bf16's 7 mantissa bits *after* the codes were computed. The scale's own "
+             f"precision barely matters when the codes are computed with the stored scale (int8 zero point with "
+             f"a bf16 scale costs {cost('zp=int8 scale=bf16')}, with E4M3 {cost('zp=int8 scale=e4m3')}), except "
+             f"for power-of-two E8M0 scales ({cost('zp=int8 scale=e8m0')}: up to half the range wasted). A float "
+             f"offset instead of an integer zero point gains {db('zp=float scale=fp16') - base:.2f}; smaller "
+             f"groups gain more (g=32 {db('g=32 fp16+int8zp') - base:.2f}, g=16 {db('g=16 fp16+int8zp') - base:.2f}) "
+             f"but cost bits."]
+    return parts[0]
+
+
 def _save(fig, path):
     fig.savefig(path, dpi=110)
     import matplotlib.pyplot as plt
@@ -253,6 +282,7 @@ def main(args) -> int:
         "of the scale (0 extra bits); `int8` stores it in a separate byte; `float` stores the group minimum "
         "in the scale dtype.", "",
         markdown_table(group_mean(zps, ["recipe", "side", "bits"], ["rel_mse", "sqnr_db", "cosine"])),
+        _zero_point_reading(zps), "",
         "![zero point and scale](zero_point_scale.png)", "",
         "### Bit width", "",
         markdown_table(group_mean(bw, ["recipe", "side", "bits"], ["rel_mse", "sqnr_db", "cosine"])),
