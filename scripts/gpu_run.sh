@@ -1,34 +1,57 @@
 #!/usr/bin/env bash
 # One full call on the lent GPU machine (the H200): install what is missing, compile every
-# kernel, run the GPU tests, run the benchmarks, print a short table last.
+# kernel, run the GPU tests (and, with SANITIZE=1, compute-sanitizer over every kernel at the
+# same time), then the benchmarks alone on the GPU, and print a short table last.
 #
-#   bash scripts/gpu_run.sh                 # everything
-#   SUITES="write hadamard" bash scripts/gpu_run.sh
+#   bash scripts/gpu_run.sh
+#   SUITES="write hadamard" SANITIZE=1 bash scripts/gpu_run.sh
 #   PYTEST_ARGS="tests/gpu/test_paged_attention_gpu.py" SKIP_BENCH=1 bash scripts/gpu_run.sh
 #
-# Missing Python packages (hypothesis, Jupyter's nbformat/nbclient/ipykernel, …) travel as
-# wheels in .whl/ (see docs/gpu-machine.md); results go to $OUT (or /tmp/kvlab_out).
+# Each step has its own time limit (T_TESTS, T_SANITIZE, T_BENCH seconds) so that one slow
+# step cannot eat the whole call; every suite writes its own folder, so partial results
+# survive. Missing Python packages (hypothesis, Jupyter's nbformat/nbclient/ipykernel, …)
+# travel as wheels in .whl/ (docs/gpu-machine.md); results are packed into $OUT/gpu_run.tgz.
 set -uo pipefail
-OUT=${OUT:-/tmp/kvlab_out}
-mkdir -p "$OUT"
+# Work in a scratch folder; at the end everything is packed into $OUT/gpu_run.tgz (the device
+# tool brings back only a few files).
+FINAL_OUT=${OUT:-/tmp/kvlab_out}
+OUT=/tmp/kvlab_gpu_run
+rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL_OUT"
+t0=$(date +%s)
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+    --target /tmp/site .whl/*.whl >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader \
   | tee "$OUT/gpu.txt"
-python3 -m kvlab check --quiet > "$OUT/check.log" 2>&1; check_rc=$?
-tail -1 "$OUT/check.log"
+git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true
+timeout 300 python3 -m kvlab check --quiet > "$OUT/check.log" 2>&1; check_rc=$?
+echo "check rc=$check_rc: $(tail -1 "$OUT/check.log")  [$(( $(date +%s) - t0 )) s]"
+if [ -n "${SANITIZE:-}" ]; then
+  ( OUT="$OUT" timeout "${T_SANITIZE:-300}" bash scripts/sanitize.sh > "$OUT/sanitize.txt" 2>&1;
+    echo "sanitize rc=$?" >> "$OUT/sanitize.txt" ) &
+  san_pid=$!
+fi
 # shellcheck disable=SC2086
-python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m gpu tests} 2>&1 | tee "$OUT/pytest.log" \
-  | grep -vE '^(\.|s|F|E)+ +\[' | tail -40
+timeout "${T_TESTS:-300}" python3 -m pytest -q -p no:cacheprovider ${PYTEST_ARGS:--m gpu tests} \
+  > "$OUT/pytest.log" 2>&1
+grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
+echo "pytest done [$(( $(date +%s) - t0 )) s]"
+[ -n "${san_pid:-}" ] && wait "$san_pid"
 if [ -z "${SKIP_BENCH:-}" ]; then
-  # shellcheck disable=SC2086
-  python3 -m kvlab bench ${SUITES:-} --out "$OUT/bench" > "$OUT/bench.log" 2>&1 || tail -20 "$OUT/bench.log"
+  for s in ${SUITES:-write hadamard decode prefill}; do
+    timeout "${T_BENCH:-150}" python3 -m kvlab bench "$s" --out "$OUT/bench_$s" > "$OUT/bench_$s.log" 2>&1 \
+      || { echo "bench $s failed or timed out:"; tail -5 "$OUT/bench_$s.log"; }
+    echo "bench $s done [$(( $(date +%s) - t0 )) s]"
+  done
 fi
 echo "================ summary ================"
 echo "check: rc=$check_rc  $(tail -1 "$OUT/check.log")"
 echo "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest.log" | tail -1)"
-[ -f "$OUT/bench/results.md" ] && cat "$OUT/bench/results.md"
+[ -f "$OUT/sanitize.txt" ] && grep -E "^(memcheck|racecheck|initcheck|synccheck|sanitize rc)" "$OUT/sanitize.txt"
+for f in "$OUT"/bench_*/results.md; do
+  [ -f "$f" ] && sed -n '/^## /,$p' "$f" | grep -E "^## |b=32|B=32|T=65536|1048576 rows x d=128|4096|131072|prefill" | head -40
+done
+tar czf "$FINAL_OUT/gpu_run.tgz" -C "$OUT" . && echo "results: gpu_run.tgz ($(du -h "$FINAL_OUT/gpu_run.tgz" | cut -f1))"
 exit 0
