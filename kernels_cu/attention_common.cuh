@@ -135,6 +135,40 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, bool p
   }
 }
 
+// ---------------------------------------------------------------- cp.async (sm_80+)
+// 16 bytes global -> shared without a register round trip (L2 only: .cg). Both addresses
+// 16-byte aligned. Groups: commit after issuing a stage, wait until at most N are pending.
+__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// NBYTES bytes at p in *shared* memory (aligned to ALIGN) into 32-bit words; zeros when !pred.
+template <int NBYTES, int ALIGN>
+__device__ __forceinline__ void smem_words(const uint8_t* p, uint32_t* w, bool pred) {
+  static_assert(NBYTES % 4 == 0, "rows are made of 32-bit words");
+  constexpr int VB = (ALIGN >= 16 && NBYTES % 16 == 0) ? 16 : (ALIGN >= 8 && NBYTES % 8 == 0) ? 8 : 4;
+#pragma unroll
+  for (int i = 0; i < NBYTES / VB; ++i) {
+    if constexpr (VB == 16) {
+      const uint4 v = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = pred ? v.x : 0u; w[4 * i + 1] = pred ? v.y : 0u;
+      w[4 * i + 2] = pred ? v.z : 0u; w[4 * i + 3] = pred ? v.w : 0u;
+    } else if constexpr (VB == 8) {
+      const uint2 v = reinterpret_cast<const uint2*>(p)[i];
+      w[2 * i] = pred ? v.x : 0u; w[2 * i + 1] = pred ? v.y : 0u;
+    } else {
+      const uint32_t v = reinterpret_cast<const uint32_t*>(p)[i];
+      w[i] = pred ? v : 0u;
+    }
+  }
+}
+
 // ---------------------------------------------------------------- format traits
 // CT_QK / CT_PV: operand types of the two mma; KB / VB: bytes of a K row a thread owns in
 // the Q·K layout (D/4 dims) and of a V row in the P·V layout (D/8 dims).

@@ -14,6 +14,10 @@
 //   INT4: the query is rotated in the prologue (RHT, hadamard.cuh) and the output
 //   inverse-rotated in the epilogue / the reduction; K and V stay in the rotated domain.
 //
+// paged_attention_decode_paged<FMT, D, T> (plan variant "paged", at the end of this file):
+//   the same work items, one CTA for all KV heads, whole page chunks staged in shared memory
+//   with cp.async; both decode kernels share decode_tile_math.
+//
 // Bytes: each (token, KV head) row of K and V is read once per CTA that covers it: D/2+4
 // bytes per row for int4 (68 at D = 128), D+4 for int8/fp8, D/2+D/16 for nvfp4, 2D for auto.
 // Rows of int4/int8/fp8 are only 4-byte aligned (row bytes = D/2+4 or D+4), so their loads
@@ -35,6 +39,144 @@ __device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u)
 constexpr float FP8_V_P = 18446744073709551616.0f;   // 2^64
 constexpr float FP8_V_OUT = 72057594037927936.0f;    // 2^56
 }  // namespace
+
+// Raw bytes of one 16-token tile as a thread of a decode warp holds them (lane = 4g + c):
+// K rows of tokens g and g+8 (KB bytes from byte c·KB of the code part), V rows of tokens
+// 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB), the per-token parameter words and the
+// nvfp4 scales. Filled from global memory (paged_attention_decode) or from a page staged
+// in shared memory (paged_attention_decode_paged); decoded by decode_tile_math.
+template <int FMT, int D>
+struct DecodeRaw {
+  using TR = Traits<FMT, D, __half>;
+  static constexpr int KW = TR::KB / 4, VW = TR::VB / 4;
+  static constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;
+  static constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;
+  uint32_t ka[KW], kb[KW];                  // K: tokens g, g+8
+  uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens 2c, 2c+1, 2c+8, 2c+9
+  uint32_t pkg, pkg8, pvg, pvg8;            // int4/int8/fp8: parameter words of tokens g, g+8
+  uint32_t skg[SW], skg8[SW];               // nvfp4: K scale rows of tokens g, g+8
+  uint32_t sv[4][NGV];                      // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
+};
+
+// One warp, one 16-token tile at KV positions p0 .. p0+15, 8 query columns: S^T = K·Q^T,
+// masking, the online softmax update of (m, l) per column, O^T += V^T·P'^T (and the int4
+// zero-point sum z). Shared by both decode kernels; `ps` is the warp's 8x16 P scratch.
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void decode_tile_math(
+    const DecodeRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m0, float& m1,
+    float& l0, float& l1, float& z0, float& z1, const uint32_t (&qf)[D / 16][2], float qsum0,
+    float qsum1, float cs0, float cs1, int qpos0, int qpos1, int L, int window, float k_scale,
+    uint16_t* ps, int lane) {
+  using TR = Traits<FMT, D, T>;
+  using CTQ = typename TR::CT_QK;
+  using CTV = typename TR::CT_PV;
+  constexpr int KC = D / 16;
+  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;
+  constexpr int NGV = DecodeRaw<FMT, D>::NGV;
+  const int g = lane >> 2, c = lane & 3;
+  const int tg = g, tg8 = g + 8;
+
+  // ---- per-token parameters
+  float ksc_g = 1.f, ksc_g8 = 1.f, koff_g = 0.f, koff_g8 = 0.f;
+  float vsc_g = 1.f, vsc_g8 = 1.f, vzp_g = 0.f, vzp_g8 = 0.f;
+  uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
+  if constexpr (FMT == INT4) {
+    ksc_g = __uint_as_float(r.pkg & ~0xFu); koff_g = 1024.f + static_cast<float>(r.pkg & 0xFu);
+    ksc_g8 = __uint_as_float(r.pkg8 & ~0xFu); koff_g8 = 1024.f + static_cast<float>(r.pkg8 & 0xFu);
+    vsc_g = __uint_as_float(r.pvg & ~0xFu); vzp_g = 128.f + static_cast<float>(r.pvg & 0xFu);
+    vsc_g8 = __uint_as_float(r.pvg8 & ~0xFu); vzp_g8 = 128.f + static_cast<float>(r.pvg8 & 0xFu);
+  } else if constexpr (FMT == INT8 || FMT == FP8) {
+    ksc_g = __uint_as_float(r.pkg); ksc_g8 = __uint_as_float(r.pkg8);
+    vsc_g = __uint_as_float(r.pvg); vsc_g8 = __uint_as_float(r.pvg8);
+    if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
+    if constexpr (FMT == FP8) { vsc_g *= FP8_V_P; vsc_g8 *= FP8_V_P; }
+  }
+  if constexpr (FMT == NVFP4) {
+#pragma unroll
+    for (int i = 0; i < NGK; ++i) {
+      const int gi = c * NGK + i;
+      const uint16_t ha = bits16<__half>(e4m3_to_float((r.skg[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      const uint16_t hb = bits16<__half>(e4m3_to_float((r.skg8[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      sfk_g[i] = pack2(ha, ha);
+      sfk_g8[i] = pack2(hb, hb);
+    }
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) {
+      sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
+      sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
+    }
+    ksc_g = ksc_g8 = 128.f * k_scale;
+  } else {
+#pragma unroll
+    for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
+  }
+
+  // ---- S^T = K·Q^T
+  float s[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int kk = 0; kk < KC; ++kk) {
+    const int gi = (FMT == NVFP4) ? (kk >> 2) : 0;
+    const uint32_t a0 = k_operand<FMT, D>(r.ka, kk, 0, sfk_g[gi]);
+    const uint32_t a1 = k_operand<FMT, D>(r.kb, kk, 0, sfk_g8[gi]);
+    const uint32_t a2 = k_operand<FMT, D>(r.ka, kk, 1, sfk_g[gi]);
+    const uint32_t a3 = k_operand<FMT, D>(r.kb, kk, 1, sfk_g8[gi]);
+    Mma<CTQ>::run(s, a0, a1, a2, a3, qf[kk][0], qf[kk][1]);
+  }
+  // scores in log2 units; s[0] = (token g, col 2c), s[1] = (g, 2c+1), s[2] = (g+8, 2c), s[3] = (g+8, 2c+1)
+  const int kp_g = p0 + tg, kp_g8 = p0 + tg8;
+  auto allowed = [&](int kp, int qp) {
+    return kp < L && kp <= qp && (window <= 0 || kp > qp - window);
+  };
+  float x0 = allowed(kp_g, qpos0) ? ksc_g * (s[0] - koff_g * qsum0) * cs0 : neg_inf();
+  float x1 = allowed(kp_g, qpos1) ? ksc_g * (s[1] - koff_g * qsum1) * cs1 : neg_inf();
+  float x2 = allowed(kp_g8, qpos0) ? ksc_g8 * (s[2] - koff_g8 * qsum0) * cs0 : neg_inf();
+  float x3 = allowed(kp_g8, qpos1) ? ksc_g8 * (s[3] - koff_g8 * qsum1) * cs1 : neg_inf();
+  float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
+  }
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+  m0 = mn0; m1 = mn1;
+  const float e0 = exp2f(x0 - mn0), e1 = exp2f(x1 - mn1), e2 = exp2f(x2 - mn0), e3 = exp2f(x3 - mn1);
+  l0 = l0 * al0 + e0 + e2;
+  l1 = l1 * al1 + e1 + e3;
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    acc[j][0] *= al0; acc[j][1] *= al1; acc[j][2] *= al0; acc[j][3] *= al1;
+  }
+  z0 *= al0; z1 *= al1;
+  // P' = P · (V scale of the token), rounded to the P·V operand type
+  const uint16_t b0 = bits16<CTV>(e0 * vsc_g), b1 = bits16<CTV>(e1 * vsc_g);
+  const uint16_t b2 = bits16<CTV>(e2 * vsc_g8), b3 = bits16<CTV>(e3 * vsc_g8);
+  if constexpr (FMT == INT4) {  // Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees
+    z0 += from_bits16<CTV>(b0) * vzp_g + from_bits16<CTV>(b2) * vzp_g8;
+    z1 += from_bits16<CTV>(b1) * vzp_g + from_bits16<CTV>(b3) * vzp_g8;
+  }
+  ps[(2 * c) * 16 + tg] = b0;
+  ps[(2 * c + 1) * 16 + tg] = b1;
+  ps[(2 * c) * 16 + tg8] = b2;
+  ps[(2 * c + 1) * 16 + tg8] = b3;
+  __syncwarp();
+  const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c);
+  const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c + 8);
+  __syncwarp();
+
+  // ---- O^T += V^T·P^T
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
+    const uint32_t a0 = v_operand<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi]);
+    const uint32_t a1 = v_operand<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi]);
+    const uint32_t a2 = v_operand<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi]);
+    const uint32_t a3 = v_operand<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi]);
+    Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
+  }
+}
 
 template <int FMT, int D, typename T>
 __global__ void __launch_bounds__(NW * 32, (D > 128 ? 2 : (FMT == INT4 || (FMT == AUTO && D == 128)) ? 4 : 3))
@@ -150,14 +292,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   const size_t side_stride = static_cast<size_t>(BS) * num_kv_heads * TR::ROW;  // one (block, side) slab
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
 
-  // Raw bytes of one 16-token tile as this thread loads them (decoded in tile_math).
-  struct Raw {
-    uint32_t ka[KW], kb[KW];              // K: tokens g, g+8 (KB bytes from byte c·KB)
-    uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens 2c, 2c+1, 2c+8, 2c+9 (VB bytes from g·VB)
-    uint32_t pkg, pkg8, pvg, pvg8;        // int4/int8/fp8: parameter words of tokens g, g+8
-    uint32_t skg[SW], skg8[SW];           // nvfp4: K scale rows of tokens g, g+8
-    uint32_t sv[4][NGV];                  // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
-  };
+  using Raw = DecodeRaw<FMT, D>;
   const int tg = g, tg8 = g + 8;
   const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
   const size_t sbase = static_cast<size_t>(BS) * num_kv_heads * (D / 2);  // nvfp4 scale part of a slab
@@ -212,108 +347,8 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   };
 
   auto tile_math = [&](const Raw& r, int t) {
-    const int p0 = lo16 + 16 * t;
-    // ---- per-token parameters
-    float ksc_g = 1.f, ksc_g8 = 1.f, koff_g = 0.f, koff_g8 = 0.f;
-    float vsc_g = 1.f, vsc_g8 = 1.f, vzp_g = 0.f, vzp_g8 = 0.f;
-    uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
-    if constexpr (FMT == INT4) {
-      ksc_g = __uint_as_float(r.pkg & ~0xFu); koff_g = 1024.f + static_cast<float>(r.pkg & 0xFu);
-      ksc_g8 = __uint_as_float(r.pkg8 & ~0xFu); koff_g8 = 1024.f + static_cast<float>(r.pkg8 & 0xFu);
-      vsc_g = __uint_as_float(r.pvg & ~0xFu); vzp_g = 128.f + static_cast<float>(r.pvg & 0xFu);
-      vsc_g8 = __uint_as_float(r.pvg8 & ~0xFu); vzp_g8 = 128.f + static_cast<float>(r.pvg8 & 0xFu);
-    } else if constexpr (FMT == INT8 || FMT == FP8) {
-      ksc_g = __uint_as_float(r.pkg); ksc_g8 = __uint_as_float(r.pkg8);
-      vsc_g = __uint_as_float(r.pvg); vsc_g8 = __uint_as_float(r.pvg8);
-      if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
-      if constexpr (FMT == FP8) { vsc_g *= FP8_V_P; vsc_g8 *= FP8_V_P; }
-    }
-    if constexpr (FMT == NVFP4) {
-#pragma unroll
-      for (int i = 0; i < NGK; ++i) {
-        const int gi = c * NGK + i;
-        const uint16_t ha = bits16<__half>(e4m3_to_float((r.skg[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-        const uint16_t hb = bits16<__half>(e4m3_to_float((r.skg8[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-        sfk_g[i] = pack2(ha, ha);
-        sfk_g8[i] = pack2(hb, hb);
-      }
-#pragma unroll
-      for (int i = 0; i < NGV; ++i) {
-        sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
-        sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
-      }
-      ksc_g = ksc_g8 = 128.f * k_scale;
-    } else {
-#pragma unroll
-      for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
-#pragma unroll
-      for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
-    }
-
-    // ---- S^T = K·Q^T
-    float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int kk = 0; kk < KC; ++kk) {
-      const int gi = (FMT == NVFP4) ? (kk >> 2) : 0;
-      const uint32_t a0 = k_operand<FMT, D>(r.ka, kk, 0, sfk_g[gi]);
-      const uint32_t a1 = k_operand<FMT, D>(r.kb, kk, 0, sfk_g8[gi]);
-      const uint32_t a2 = k_operand<FMT, D>(r.ka, kk, 1, sfk_g[gi]);
-      const uint32_t a3 = k_operand<FMT, D>(r.kb, kk, 1, sfk_g8[gi]);
-      Mma<CTQ>::run(s, a0, a1, a2, a3, qf[kk][0], qf[kk][1]);
-    }
-    // scores in log2 units; s[0] = (token g, col 2c), s[1] = (g, 2c+1), s[2] = (g+8, 2c), s[3] = (g+8, 2c+1)
-    const int kp_g = p0 + tg, kp_g8 = p0 + tg8;
-    auto allowed = [&](int kp, int qp) {
-      return kp < L && kp <= qp && (window <= 0 || kp > qp - window);
-    };
-    float x0 = allowed(kp_g, qpos0) ? ksc_g * (s[0] - koff_g * qsum0) * cs0 : neg_inf();
-    float x1 = allowed(kp_g, qpos1) ? ksc_g * (s[1] - koff_g * qsum1) * cs1 : neg_inf();
-    float x2 = allowed(kp_g8, qpos0) ? ksc_g8 * (s[2] - koff_g8 * qsum0) * cs0 : neg_inf();
-    float x3 = allowed(kp_g8, qpos1) ? ksc_g8 * (s[3] - koff_g8 * qsum1) * cs1 : neg_inf();
-    float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
-#pragma unroll
-    for (int off = 4; off < 32; off <<= 1) {
-      mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-      mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-    }
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-    m0 = mn0; m1 = mn1;
-    const float e0 = exp2f(x0 - mn0), e1 = exp2f(x1 - mn1), e2 = exp2f(x2 - mn0), e3 = exp2f(x3 - mn1);
-    l0 = l0 * al0 + e0 + e2;
-    l1 = l1 * al1 + e1 + e3;
-#pragma unroll
-    for (int j = 0; j < KC; ++j) {
-      acc[j][0] *= al0; acc[j][1] *= al1; acc[j][2] *= al0; acc[j][3] *= al1;
-    }
-    z0 *= al0; z1 *= al1;
-    // P' = P · (V scale of the token), rounded to the P·V operand type
-    const uint16_t b0 = bits16<CTV>(e0 * vsc_g), b1 = bits16<CTV>(e1 * vsc_g);
-    const uint16_t b2 = bits16<CTV>(e2 * vsc_g8), b3 = bits16<CTV>(e3 * vsc_g8);
-    if constexpr (FMT == INT4) {  // Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees
-      z0 += from_bits16<CTV>(b0) * vzp_g + from_bits16<CTV>(b2) * vzp_g8;
-      z1 += from_bits16<CTV>(b1) * vzp_g + from_bits16<CTV>(b3) * vzp_g8;
-    }
-    uint16_t* ps = p_sm[warp];
-    ps[(2 * c) * 16 + tg] = b0;
-    ps[(2 * c + 1) * 16 + tg] = b1;
-    ps[(2 * c) * 16 + tg8] = b2;
-    ps[(2 * c + 1) * 16 + tg8] = b3;
-    __syncwarp();
-    const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c);
-    const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c + 8);
-    __syncwarp();
-
-    // ---- O^T += V^T·P^T
-#pragma unroll
-    for (int j = 0; j < KC; ++j) {
-      const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
-      const uint32_t a0 = v_operand<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi]);
-      const uint32_t a1 = v_operand<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi]);
-      const uint32_t a2 = v_operand<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi]);
-      const uint32_t a3 = v_operand<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi]);
-      Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
-    }
+    decode_tile_math<FMT, D, T>(r, lo16 + 16 * t, acc, m0, m1, l0, l1, z0, z1, qf, qsum0, qsum1,
+                                cs0, cs1, qpos0, qpos1, L, window, k_scale, p_sm[warp], lane);
   };
 
   // Software pipeline: the next tile's loads are in flight while this tile is computed
@@ -858,6 +893,308 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
       T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
 #pragma unroll
       for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+    }
+  }
+}
+
+// ====================================================================================
+// paged_attention_decode_paged<FMT, D, T>: page-staged decode (plan variant "paged").
+// One CTA = (work item, *all* column groups): warp w takes column group w — KV head
+// w / nhg, query heads (w % nhg)·hpc … — so blockDim = ny·32 with ny = num_kv_heads·nhg ≤ 8.
+// The CTA walks its KV range in stages of TT tokens (one or two 16-token chunks). A chunk of
+// one side is 16 consecutive slots of one page for every KV head: 16·H·ROW contiguous bytes,
+// 16-byte aligned (SPEC 2 NHD layout; nvfp4: a data part 16·H·D/2 and a scale part 16·H·D/16).
+// All threads copy the stage's K and V chunks with 16-byte cp.async (fully coalesced, whole
+// DRAM sectors, no per-row gather), double-buffered: stage s+1 is in flight while stage s is
+// decoded. Then each warp fills the same per-thread raw words as the per-head kernel
+// (DecodeRaw) from shared memory, where the 4-byte row alignment costs nothing, and runs
+// decode_tile_math. Splits are merged by paged_attention_reduce (partials at slot
+// (part·ny + w)·NCOL + n, as the per-head kernel with blockIdx.y = w).
+//
+// Dynamic shared memory (bytes, H = num_kv_heads): stages NST·2·TT·H·ROW; aliased by the q
+// staging (prologue, ny·NCOL·D·2) and the output rows (epilogue, ny·NCOL·D·4). The plan
+// computes the same size (kvlab/cuda/attention.py, paged_smem_bytes).
+// ====================================================================================
+namespace {
+constexpr int PG_MAXW = 8;   // column groups (warps) per CTA at most
+}
+
+template <int FMT, int D>
+struct PagedTile {
+  static constexpr int ROW = Traits<FMT, D, __half>::ROW;   // bytes per (token, head) row
+  static constexpr int TT = ROW <= 80 ? 32 : 16;            // tokens per stage
+  static constexpr int CPT = TT / 16;                       // 16-token chunks per stage
+  static constexpr int NST = 2;                             // stages (double buffer)
+};
+
+template <int FMT, int D, typename T>
+__global__ void __launch_bounds__(PG_MAXW * 32, (D > 128 ? 1 : 2))
+paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
+                             const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
+                             int bt_stride, const int* __restrict__ seq_lens,
+                             const int* __restrict__ query_start_loc, const int* __restrict__ items,
+                             int num_kv_heads, int num_q_heads, int hpc, int tpc, int bs_log2,
+                             float scale_log2, float k_scale, float v_scale, int window,
+                             int swizzle_v, float* __restrict__ ws_o, float* __restrict__ ws_ml) {
+  using TR = Traits<FMT, D, T>;
+  using CTQ = typename TR::CT_QK;
+  using PT = PagedTile<FMT, D>;
+  using Raw = DecodeRaw<FMT, D>;
+  static_assert(D == 64 || D == 128 || D == 256, "head sizes 64, 128, 256");
+  constexpr int E = D / 32;
+  constexpr int KC = D / 16;
+  constexpr int ROW = PT::ROW, TT = PT::TT, CPT = PT::CPT;
+  constexpr int S = D / 16;                 // nvfp4 scales per row
+  constexpr int NGV = Raw::NGV;
+  // bytes per (token, head) in the first part of a side: the whole row, or nvfp4's data
+  constexpr int DROW = (FMT == NVFP4) ? D / 2 : ROW;
+
+  extern __shared__ __align__(16) uint8_t dsm[];
+  __shared__ float qsum_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
+  __shared__ float mo_sm[PG_MAXW][NCOL], lo_sm[PG_MAXW][NCOL];
+  __shared__ int qpos_sm[PG_MAXW][NCOL];
+  __shared__ __align__(16) uint16_t p_sm[PG_MAXW][NCOL * 16];
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int nthr = blockDim.x, ny = nthr >> 5;
+  const int g = lane >> 2, c = lane & 3;
+  const int* it = items + ITEM * blockIdx.x;
+  const int seq = it[0], tok0 = it[1], kv_lo = it[2], kv_hi = it[3], part = it[4];
+  const int H = num_kv_heads;
+  const int G = num_q_heads / H;
+  const int nhg = G / hpc;
+  const int cg = warp;
+  const int kvh = cg / nhg, hg = cg % nhg;
+  const int qs = query_start_loc[seq];
+  const int Lq = query_start_loc[seq + 1] - qs;
+  const int L = seq_lens[seq];
+  const int BS = 1 << bs_log2;
+
+  // ---- prologue: this warp's 8 query columns (as paged_attention_decode), staged in the
+  // dynamic buffer before any cp.async is issued
+  uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
+  for (int n = 0; n < NCOL; ++n) {
+    const int tok = tok0 + n / hpc;
+    const bool valid = (n < tpc * hpc) && (tok < Lq);
+    const int qhead = kvh * G + hg * hpc + n % hpc;
+    float x[E];
+    if (valid) {
+      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = 0.f;
+    }
+    if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    amax = warp_max(amax);
+    float pre = 1.f;
+    if constexpr (sizeof(CTQ) == 2 && !(FMT == AUTO)) {
+      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+    }
+    float s = 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const uint16_t b = bits16<CTQ>(x[j] * pre);
+      q_sm[n * D + lane * E + j] = b;
+      s += from_bits16<CTQ>(b);
+    }
+    s = warp_sum(s);
+    if (lane == 0) {
+      qsum_sm[warp][n] = s;
+      cscale_sm[warp][n] = scale_log2 / pre;
+      qpos_sm[warp][n] = valid ? (L - Lq + tok) : -1;
+    }
+  }
+  __syncwarp();
+  uint32_t qf[KC][2];
+#pragma unroll
+  for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+    for (int p = 0; p < 2; ++p)
+      qf[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+                        q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+  const float qsum0 = qsum_sm[warp][2 * c], qsum1 = qsum_sm[warp][2 * c + 1];
+  const float cs0 = cscale_sm[warp][2 * c], cs1 = cscale_sm[warp][2 * c + 1];
+  const int qpos0 = qpos_sm[warp][2 * c], qpos1 = qpos_sm[warp][2 * c + 1];
+
+  // KV range: the same for every warp (all column groups hold the same query tokens)
+  int pmax = -1, pmin = 0x7fffffff;
+#pragma unroll
+  for (int n = 0; n < NCOL; ++n) {
+    const int p = qpos_sm[warp][n];
+    if (p >= 0) { pmax = max(pmax, p); pmin = min(pmin, p); }
+  }
+  int lo = kv_lo, hi = min(kv_hi, pmax + 1);
+  if (window > 0) lo = max(lo, pmin - window + 1);
+  const int lo16 = lo & ~15;
+  const int nch = hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;   // 16-token chunks
+  const int nst = (nch + CPT - 1) / CPT;                    // stages
+
+  float acc[KC][4];
+#pragma unroll
+  for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+
+  const size_t side_stride = static_cast<size_t>(BS) * H * ROW;          // one (block, side) slab
+  const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
+  const int side_sm = TT * H * ROW;                                      // one side of a stage
+  const int stage_sm = 2 * side_sm;
+  const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
+  __syncthreads();  // q staging read by every warp before the stages overwrite it
+
+  // Copy the chunks of stage st into buffer st & 1 (all threads, 16-byte cp.async).
+  auto issue = [&](int st) {
+    uint8_t* sbuf = dsm + (st & 1) * stage_sm;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int ch = st * CPT + j;
+      if (ch < nch) {
+        const int p0 = lo16 + 16 * ch;
+        const int blk = bt[p0 >> bs_log2];
+        const int o = p0 & (BS - 1);
+        const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
+#pragma unroll
+        for (int side = 0; side < 2; ++side) {
+          const uint8_t* src = slab + side * side_stride;
+          uint8_t* dst = sbuf + side * side_sm;
+          {
+            const int units = H * DROW;   // 16·H·DROW bytes in 16-byte units
+            const uint8_t* s0 = src + static_cast<size_t>(o) * H * DROW;
+            uint8_t* d0 = dst + j * 16 * H * DROW;
+            for (int u = tid; u < units; u += nthr) cp_async16(d0 + 16 * u, s0 + 16 * u);
+          }
+          if constexpr (FMT == NVFP4) {
+            const int units = H * S;      // 16·H·S bytes
+            const uint8_t* s1 = src + sbase + static_cast<size_t>(o) * H * S;
+            uint8_t* d1 = dst + TT * H * (D / 2) + j * 16 * H * S;
+            for (int u = tid; u < units; u += nthr) cp_async16(d1 + 16 * u, s1 + 16 * u);
+          }
+        }
+      }
+    }
+  };
+
+  // This thread's raw words of chunk j of a staged buffer (cf. tile_load of the per-head kernel).
+  const int tg = g, tg8 = g + 8;
+  const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
+  auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0) {
+    const uint8_t* ks = sbuf;
+    const uint8_t* vs = sbuf + side_sm;
+    auto row = [&](const uint8_t* side, int rr) {
+      return side + (static_cast<int>(16 * j + rr) * H + kvh) * DROW;
+    };
+    const bool in_g = p0 + tg < L, in_g8 = p0 + tg8 < L;
+    smem_words<TR::KB, TR::ALIGN>(row(ks, tg) + c * TR::KB, r.ka, in_g);
+    smem_words<TR::KB, TR::ALIGN>(row(ks, tg8) + c * TR::KB, r.kb, in_g8);
+    smem_words<TR::VB, TR::ALIGN>(row(vs, t0) + g * TR::VB, r.v0, p0 + t0 < L);
+    smem_words<TR::VB, TR::ALIGN>(row(vs, t1) + g * TR::VB, r.v1, p0 + t1 < L);
+    smem_words<TR::VB, TR::ALIGN>(row(vs, t2) + g * TR::VB, r.v2, p0 + t2 < L);
+    smem_words<TR::VB, TR::ALIGN>(row(vs, t3) + g * TR::VB, r.v3, p0 + t3 < L);
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
+      const uint32_t a = *reinterpret_cast<const uint32_t*>(row(ks, tg) + OFF);
+      const uint32_t b = *reinterpret_cast<const uint32_t*>(row(ks, tg8) + OFF);
+      const uint32_t e = *reinterpret_cast<const uint32_t*>(row(vs, tg) + OFF);
+      const uint32_t f = *reinterpret_cast<const uint32_t*>(row(vs, tg8) + OFF);
+      r.pkg = in_g ? a : 0u; r.pkg8 = in_g8 ? b : 0u;
+      r.pvg = in_g ? e : 0u; r.pvg8 = in_g8 ? f : 0u;
+    } else if constexpr (FMT == NVFP4) {
+      const uint8_t* ksc = ks + TT * H * (D / 2);
+      const uint8_t* vsc = vs + TT * H * (D / 2);
+      smem_words<S, 4>(ksc + ((16 * j + tg) * H + kvh) * S, r.skg, in_g);
+      smem_words<S, 4>(ksc + ((16 * j + tg8) * H + kvh) * S, r.skg8, in_g8);
+#pragma unroll
+      for (int i = 0; i < NGV; ++i) {
+        const int grp = (g * (D / 8)) / 16 + i;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int rr = (k == 0) ? t0 : (k == 1) ? t1 : (k == 2) ? t2 : t3;
+          int tt = rr, gg = grp;   // token within the chunk: chunks start at a multiple of 16
+          if (swizzle_v) {         // SPEC 2.3 V-scale swizzle, within groups of 4 tokens
+            const int qq = S / 4;
+            const int ts = (tt / 4) * 4 + grp / qq;
+            gg = (grp % qq) * 4 + tt % 4;
+            tt = ts;
+          }
+          const uint32_t v = vsc[((16 * j + tt) * H + kvh) * S + gg];
+          r.sv[k][i] = (p0 + rr < L) ? v : 0u;
+        }
+      }
+    }
+  };
+
+  // ---- main loop: stage st+1 in flight while stage st is decoded
+  if (nst > 0) issue(0);
+  cp_async_commit();
+  for (int st = 0; st < nst; ++st) {
+    if (st + 1 < nst) issue(st + 1);
+    cp_async_commit();
+    cp_async_wait<1>();
+    __syncthreads();
+    const uint8_t* sbuf = dsm + (st & 1) * stage_sm;
+#pragma unroll
+    for (int j = 0; j < CPT; ++j) {
+      const int ch = st * CPT + j;
+      if (ch < nch) {
+        const int p0 = lo16 + 16 * ch;
+        Raw r;
+        fill(r, sbuf, j, p0);
+        decode_tile_math<FMT, D, T>(r, p0, acc, m0, m1, l0, l1, z0, z1, qf, qsum0, qsum1, cs0,
+                                    cs1, qpos0, qpos1, L, window, k_scale, p_sm[warp], lane);
+      }
+    }
+    __syncthreads();  // buffer st & 1 is refilled by the issue of stage st + 2
+  }
+  cp_async_wait<0>();
+
+  // ---- epilogue: one warp per column group, no merge across warps
+#pragma unroll
+  for (int off = 4; off < 32; off <<= 1) {
+    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
+    z0 += __shfl_xor_sync(0xffffffffu, z0, off);
+    z1 += __shfl_xor_sync(0xffffffffu, z1, off);
+  }
+  __syncthreads();  // (nst == 0) every warp is past its q staging
+  float* ow = reinterpret_cast<float*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    const int dim = g * (D / 8) + 2 * j;
+    *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
+    *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
+  }
+  if (g == 0) {
+    mo_sm[warp][2 * c] = m0; mo_sm[warp][2 * c + 1] = m1;
+    lo_sm[warp][2 * c] = l0; lo_sm[warp][2 * c + 1] = l1;
+  }
+  __syncwarp();
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
+  for (int n = 0; n < NCOL; ++n) {
+    const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
+    float x[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = ow[n * D + lane * E + j] * vfac;
+    if (part >= 0) {
+      const size_t slot = (static_cast<size_t>(part) * ny + cg) * NCOL + n;
+#pragma unroll
+      for (int j = 0; j < E; ++j) ws_o[slot * D + lane * E + j] = x[j];
+      if (lane == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = Ls > 0.f ? x[j] / Ls : 0.f;
+      if constexpr (FMT == INT4) inverse_rht_group<E, 32>(x, lane);
+      const int tok = tok0 + n / hpc;
+      if (n < tpc * hpc && tok < Lq) {
+        const int qhead = kvh * G + hg * hpc + n % hpc;
+        T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+        for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+      }
     }
   }
 }

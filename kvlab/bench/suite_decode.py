@@ -13,6 +13,12 @@ output are < 0.1 % and not counted). Baselines in the same process:
 * kvlab's own ``auto`` (bf16) paged kernel (a row of its own);
 * a device-to-device copy moving the same bytes (``frac_of_copy`` = GB/s / copy GB/s).
 
+Every kvlab format runs on both decode kernels, side by side (``impl`` = ``kvlab <format>
+[<variant>]``): ``per_head`` (``paged_attention_decode``, one CTA per KV head gathering rows)
+and ``paged`` (``paged_attention_decode_paged``, one CTA for all KV heads, whole pages staged
+in shared memory with cp.async). ``notes`` give the plan's CTAs, reductions and variant
+(and the fallback reason if ``paged`` did not apply).
+
 kvlab rows time :meth:`kvlab.cuda.attention.AttentionPlan.run` — the kernels only; the plan
 (validation, host work list) is built once per batch, as an inference engine builds the
 attention metadata once per step for all layers. The target case also has a row for the
@@ -26,6 +32,7 @@ import math
 from .timing import bench_ms, copy_bandwidth_gbps, gbps
 
 NAME = "decode"
+VARIANTS = ("per_head", "paged")
 FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
 BLOCK_SIZE = 16
 MAX_TOKENS = 1 << 21
@@ -34,7 +41,7 @@ VLLM_TRITON_INT4_MS = 1.09   # 64 × 4096, 32/8 heads, d=128, H200 (issue 4)
 
 def _grid(quick):
     if quick:
-        return [((32, 8, 128), [(32, 8192), (1, 131072)])]
+        return [((32, 8, 128), [(32, 8192), (1, 131072), (64, 4096)])]
     full = [(b, c) for b in (1, 8, 32, 64) for c in (1024, 8192, 32768, 131072) if b * c <= MAX_TOKENS]
     small = [(b, c) for b in (1, 32) for c in (8192, 131072) if b * c <= MAX_TOKENS]
     return [((32, 8, 128), full + [(64, 4096)]), ((9, 3, 64), small), ((32, 8, 64), small)]
@@ -77,7 +84,7 @@ def run(quick: bool, progress) -> list[dict]:
 
     repeats = 10 if quick else 30
     grid = _grid(quick)
-    progress.total(sum(len(cases) * (len(FORMATS) + 1) for _, cases in grid))
+    progress.total(sum(len(cases) * (len(FORMATS) * len(VARIANTS) + 1) for _, cases in grid))
     rows = []
     for (Hq, Hkv, d), cases in grid:
         for B, ctx in cases:
@@ -102,24 +109,29 @@ def run(quick: bool, progress) -> list[dict]:
                 fmt = kvlab.get_format(name)
                 cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, Hkv, d, like=b["key"])
                 kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
-                plan = plan_paged_attention(b["q"], cache, b["block_table"], b["seq_lens"],
-                                            b["query_start_loc"], name)
                 args = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
                 out = torch.empty_like(b["q"])
-                r = bench_ms(lambda: plan.run(*args, out=out), repeats)
                 row_bytes = 2 * d if name == "auto" else fmt.row_bytes(d)
                 nbytes = 2 * B * ctx * Hkv * row_bytes
                 cp = copy_bandwidth_gbps(nbytes, repeats)
-                g_k = gbps(nbytes, r["median_ms"])
-                notes = (f"{plan.n_items}x{plan.ny} CTAs, {plan.n_red} reductions; "
-                         f"byte floor {row_bytes / (2 * d):.3f}x bf16")
-                if (B, ctx, d) == (64, 4096, 128) and name == "int4_per_token_head":
-                    notes += f"; vLLM Triton INT4 {VLLM_TRITON_INT4_MS} ms (quoted) -> " \
-                             f"{VLLM_TRITON_INT4_MS / r['median_ms']:.1f}x faster"
-                rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name}", median_ms=r["median_ms"],
-                                 bytes=nbytes, gbps=g_k, frac_of_copy=g_k / cp,
-                                 ratio_vs_baseline=r["median_ms"] / base["median_ms"], notes=notes,
-                                 p10_ms=r["p10_ms"], p90_ms=r["p90_ms"]))
+                for variant in VARIANTS:
+                    plan = plan_paged_attention(*args, name, decode_variant=variant)
+                    r = bench_ms(lambda: plan.run(*args, out=out), repeats)
+                    g_k = gbps(nbytes, r["median_ms"])
+                    grid_s = (f"{plan.n_items} CTAs of {plan.ny} warps" if plan.decode_variant == "paged"
+                              else f"{plan.n_items}x{plan.ny} CTAs")
+                    notes = (f"{plan.decode_variant}: {grid_s}, {plan.n_red} reductions; "
+                             f"byte floor {row_bytes / (2 * d):.3f}x bf16")
+                    if plan.decode_variant_note:
+                        notes += f"; {plan.decode_variant_note}"
+                    if (B, ctx, d) == (64, 4096, 128) and name == "int4_per_token_head":
+                        notes += f"; vLLM Triton INT4 {VLLM_TRITON_INT4_MS} ms (quoted) -> " \
+                                 f"{VLLM_TRITON_INT4_MS / r['median_ms']:.1f}x faster"
+                    rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name} [{variant}]",
+                                     median_ms=r["median_ms"], bytes=nbytes, gbps=g_k, frac_of_copy=g_k / cp,
+                                     ratio_vs_baseline=r["median_ms"] / base["median_ms"], notes=notes,
+                                     p10_ms=r["p10_ms"], p90_ms=r["p90_ms"]))
+                    progress(f"{case} {name} {variant}")
                 if (B, ctx, Hq, d) == (32, 8192, 32, 128) and name == "int4_per_token_head":
                     full = bench_ms(lambda: kvlab.paged_attention(*args, kv_cache_dtype=name), repeats)
                     rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name} (whole call)",
@@ -127,8 +139,7 @@ def run(quick: bool, progress) -> list[dict]:
                                      gbps=gbps(nbytes, full["median_ms"]),
                                      frac_of_copy=gbps(nbytes, full["median_ms"]) / cp,
                                      ratio_vs_baseline=full["median_ms"] / base["median_ms"],
-                                     notes="validation + host work list + upload + kernels"))
-                progress(f"{case} {name}")
+                                     notes="validation + host work list + upload + kernels (default variant)"))
                 del cache, plan, out
             del b
             torch.cuda.empty_cache()

@@ -10,6 +10,19 @@ plan/run:
   range of KV positions. Long ranges are split (flash-decoding) so that a batch
   of one long sequence still fills the GPU; the splits are merged by a second
   kernel.
+* Decode work items run on one of two kernels (``decode_variant``):
+
+  - ``"per_head"`` (default) — ``paged_attention_decode``: one CTA per (work item, column
+    group), its warps gather their KV head's rows straight from global memory;
+  - ``"paged"`` — ``paged_attention_decode_paged``: one CTA per work item covering every
+    column group (one warp each, at most ``PG_MAXW``), which copies whole 16-token page
+    chunks of K and V (all KV heads, contiguous) into shared memory with 16-byte
+    ``cp.async``, double-buffered, and decodes from there. It applies when
+    ``num_kv_heads · G / hpc ≤ 8`` and its shared memory fits the device; otherwise the
+    plan falls back to ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
+
+  The environment variable ``KVLAB_DECODE_VARIANT`` overrides the default (an explicit
+  ``decode_variant`` argument wins over it).
 * :meth:`AttentionPlan.run` launches the kernels on the caller's stream. A model
   runs one plan for all its layers (the metadata is the same), which is why the
   benchmarks time ``run``.
@@ -20,6 +33,7 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,12 +58,20 @@ NCOL = 8        # query columns per CTA
 ITEM = 5        # ints per work item
 MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of 16 tokens
 
+DECODE_VARIANTS = ("per_head", "paged")
+DEFAULT_DECODE_VARIANT = "per_head"
+PG_MAXW = 8                 # column groups (warps) per CTA of the paged decode kernel
+PG_NST = 2                  # its stages (double buffer)
+PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
+
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
 PF_ROWS = 64                     # query rows per prefill CTA
 PREFILL_MIN_ROWS = 32            # a sequence with >= this many (token, head) rows per KV head uses it
 
 SPECS = register(FAMILY, [
     *[KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
+      for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
+    *[KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t))
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_prefill", (code, d, t))
       for code in FORMAT_CODES.values() for d in PREFILL_HEAD_SIZES for t in Q_DTYPES],
@@ -60,6 +82,27 @@ SPECS = register(FAMILY, [
 
 def _decode_spec(code, d, t):
     return KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
+
+
+def _paged_spec(code, d, t):
+    return KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t))
+
+
+def paged_row_bytes(code: int, d: int) -> int:
+    """Bytes per (token, KV head) row of a cache format (``Traits<FMT, D>::ROW``)."""
+    return {0: 2 * d, 1: d + 4, 2: d + 4, 3: d // 2 + 4, 4: d // 2 + d // 16}[code]
+
+
+def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int) -> int:
+    """Dynamic shared memory of ``paged_attention_decode_paged`` (``PagedTile`` in the .cu).
+
+    Stages: ``PG_NST · 2 sides · TT tokens · H · row bytes`` (TT = 32 for rows ≤ 80 bytes,
+    16 otherwise); the same buffer holds the q staging (``ny · 8 · d · 2``) before the loop
+    and the output rows (``ny · 8 · d · 4``) after it.
+    """
+    row = paged_row_bytes(code, d)
+    tt = 32 if row <= 80 else 16
+    return max(PG_NST * 2 * tt * num_kv_heads * row, ny * NCOL * d * 4)
 
 
 def _prefill_spec(code, d, t):
@@ -86,6 +129,39 @@ def _device_props(device_id) -> tuple:
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
     return (int(props["multiProcessorCount"]),
             int(props.get("sharedMemPerMultiprocessor", 228 * 1024)))
+
+
+@functools.cache
+def _smem_optin(device_id) -> int:
+    """Largest dynamic + static shared memory one CTA may opt into (227 KB on H100/H200)."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(device_id)
+    return int(props.get("sharedMemPerBlockOptin", 48 * 1024))
+
+
+@functools.cache
+def _resident_paged_ctas(spec, device_id, ny: int, dyn_smem: int) -> int:
+    """CTAs of the paged decode kernel (``ny`` warps, ``dyn_smem`` bytes) resident on the GPU."""
+    kernel = get_kernel(spec, device_id)
+    n_sm, smem_sm = _device_props(device_id)
+    regs = max(int(kernel.num_regs), 1)
+    warp_regs = -(-regs * 32 // 256) * 256
+    by_regs = 65536 // (warp_regs * ny)
+    smem = int(kernel.shared_size_bytes) + dyn_smem + 1024
+    by_smem = smem_sm // max(smem, 1)
+    return n_sm * max(1, min(by_regs, by_smem, 2048 // (ny * 32), 32))
+
+
+_DYN_SET: dict = {}
+
+
+def _raise_dynamic_smem(kernel, spec, device_id, nbytes: int):
+    """Raise the kernel's dynamic shared-memory limit (needed above 48 KB), once per size."""
+    key = (spec, device_id)
+    if nbytes > 48 * 1024 and _DYN_SET.get(key, 0) < nbytes:
+        kernel.max_dynamic_shared_size_bytes = int(nbytes)
+        _DYN_SET[key] = nbytes
 
 
 @functools.cache
@@ -130,6 +206,9 @@ class AttentionPlan:
     device_id: int
     pf_items: object = None   # device int32 (n_pf, 2): seq, tok0 (prefill kernel)
     n_pf: int = 0
+    decode_variant: str = DEFAULT_DECODE_VARIANT   # the decode kernel this plan launches
+    decode_variant_note: str = ""                  # why a requested "paged" fell back
+    paged_smem: int = 0                            # dynamic shared memory of the paged kernel
 
     def run(self, q, kv_cache, block_table, seq_lens, query_start_loc, out=None):
         """Launch on the caller's stream; returns ``out`` ``(num_tokens, num_q_heads, head_size)``."""
@@ -152,8 +231,15 @@ class AttentionPlan:
                 ))
             if self.n_items == 0:
                 return out
-            k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
-            L.launch(k, (self.n_items, self.ny), (NW * 32,), (
+            if self.decode_variant == "paged":
+                spec = _paged_spec(self.fmt_code, d, t)
+                k = get_kernel(spec, self.device_id)
+                _raise_dynamic_smem(k, spec, self.device_id, self.paged_smem)
+                grid, block, smem = (self.n_items, 1), (self.ny * 32,), self.paged_smem
+            else:
+                k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
+                grid, block, smem = (self.n_items, self.ny), (NW * 32,), 0
+            L.launch(k, grid, block, (
                 L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
                 L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.items),
                 L.i32(self.num_kv_heads), L.i32(self.num_q_heads), L.i32(self.hpc),
@@ -161,7 +247,7 @@ class AttentionPlan:
                 L.f32(self.scale_log2), L.f32(self.k_scale), L.f32(self.v_scale),
                 L.i32(self.window), L.i32(self.swizzle_v),
                 L.ptr(self.ws_o), L.ptr(self.ws_ml),
-            ))
+            ), shared_mem=smem)
             if self.n_red:
                 r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"]),
                                self.device_id)
@@ -195,7 +281,7 @@ def _splits_for_waves(n_base: int, capacity: int, max_splits: int = 256) -> int:
     return best
 
 
-def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None):
+def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None, min_split_tokens=MIN_SPLIT_TOKENS):
     """Host work list: items (seq, tok0, kv_lo, kv_hi, part) and reductions (seq, tok0, part0, nparts)."""
     qlen = np.diff(qsl)
     ntok_tiles = -(-qlen // tpc)
@@ -214,7 +300,7 @@ def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None):
     tiles = -(-(hi - lo16) // 16)
     n_base = seq.size * ny
     ns_target = _splits_for_waves(n_base, capacity)
-    ns = np.clip(np.minimum(ns_target, -(-(hi - lo16) // MIN_SPLIT_TOKENS)), 1, None)
+    ns = np.clip(np.minimum(ns_target, -(-(hi - lo16) // min_split_tokens)), 1, None)
     if num_splits is not None:  # forced (tests), still at least 16 tokens per split
         ns = np.clip(np.minimum(int(num_splits), tiles), 1, None)
     per = -(-tiles // ns)                       # 16-token tiles per part
@@ -256,12 +342,21 @@ def _prefill_list(qlen, seqs, tokens_per_cta):
 
 def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
                          softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
-                         num_splits=None, prefill_kernel=None) -> AttentionPlan:
+                         num_splits=None, prefill_kernel=None, decode_variant=None) -> AttentionPlan:
     """Validate and build the work list (see module docstring).
 
     ``num_splits`` forces the split count of the decode kernel; ``prefill_kernel`` (bool)
-    forces sequences with long queries onto (True) or off (False) the prefill kernel.
+    forces sequences with long queries onto (True) or off (False) the prefill kernel;
+    ``decode_variant`` picks the decode kernel (``"per_head"`` or ``"paged"``; None: the
+    ``KVLAB_DECODE_VARIANT`` environment variable, else ``"per_head"``).
     """
+    if decode_variant is None:
+        decode_variant = os.environ.get("KVLAB_DECODE_VARIANT", "") or DEFAULT_DECODE_VARIANT
+        what = "KVLAB_DECODE_VARIANT"
+    else:
+        what = "decode_variant"
+    if decode_variant not in DECODE_VARIANTS:
+        raise ValueError(f"{what}: expected one of {list(DECODE_VARIANTS)}, got {decode_variant!r}")
     fmt, dims, backend, meta = validate.check_paged_attention(
         q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype, softmax_scale,
         k_scale, v_scale, sliding_window,
@@ -300,7 +395,23 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     window = int(meta["sliding_window"] or 0)
     import cupy
 
-    capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
+    variant, note, paged_smem = "per_head", "", 0
+    if decode_variant == "paged":
+        paged_smem = paged_smem_bytes(code, d, Hkv, ny)
+        if ny > PG_MAXW:
+            note = (f"paged decode needs num_kv_heads * G / hpc <= {PG_MAXW} column groups, "
+                    f"got {ny}; using per_head")
+        elif paged_smem + 8 * 1024 > _smem_optin(dev):
+            note = (f"paged decode needs {paged_smem} B of shared memory, the device allows "
+                    f"{_smem_optin(dev)}; using per_head")
+        else:
+            variant = "paged"
+    if variant == "paged":
+        capacity = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, paged_smem)
+        ny_split, min_split = 1, PG_MIN_SPLIT_TOKENS
+    else:
+        capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
+        ny_split, min_split = ny, MIN_SPLIT_TOKENS
     qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
     qlen = np.diff(qsl_h)
     use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
@@ -310,7 +421,8 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qlen_dec = qlen.copy()
     qlen_dec[pf_seq] = 0  # those sequences' queries are all on the prefill kernel
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
-    items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny, capacity, num_splits)
+    items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
+                                     min_split)
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
@@ -328,16 +440,20 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         swizzle_v=int(bool(getattr(fmt, "swizzle_v_scales", False))),
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
+        decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem,
     )
 
 
 def paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
-                    softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None):
+                    softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
+                    decode_variant=None):
     """Paged attention (SPEC 2.4) on the GPU → ``(num_tokens, num_q_heads, head_size)`` in q's dtype.
 
     q: bf16 (torch) or fp16 (CuPy or torch), contiguous. kv_cache: any kvlab format, on
-    the same device. Same arguments as :func:`kvlab.reference.paged_attention`.
+    the same device. Same arguments as :func:`kvlab.reference.paged_attention`, plus
+    ``decode_variant`` (see :func:`plan_paged_attention`).
     """
     plan = plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype,
-                                softmax_scale, k_scale, v_scale, sliding_window)
+                                softmax_scale, k_scale, v_scale, sliding_window,
+                                decode_variant=decode_variant)
     return plan.run(q, kv_cache, block_table, seq_lens, query_start_loc)

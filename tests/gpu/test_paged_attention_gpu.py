@@ -15,6 +15,11 @@ Tolerance (``check_close``), per output dtype:
   ``test_tolerance_rejects_wrong_outputs``).
 * fp16 output: relative L2 ≤ 3e-3 (output rounding 2^-12, the bf16 P rounding dominates).
 
+Decode variants: every shape-grid test runs on both decode kernels (``variant`` fixture:
+``"per_head"`` = ``paged_attention_decode``, ``"paged"`` = the page-staged
+``paged_attention_decode_paged``) and asserts that the plan really launched the requested one
+(no silent fallback on these shapes: at most 8 column groups, shared memory within the limit).
+
 Tests build caches with the NumPy reference writer (independent of the GPU write kernels),
 fill the unused cache slots with random garbage bytes (a kernel reading a wrong slot or a
 position past ``seq_lens`` fails), and poison the output buffer with NaN first.
@@ -35,6 +40,13 @@ FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_
 
 REL_L2 = {"bfloat16": 5e-3, "float16": 3e-3}
 MAX_ABS_FRAC = 2.0 ** -6
+VARIANTS = ("per_head", "paged")
+
+
+@pytest.fixture(params=VARIANTS, ids=lambda v: f"decode_{v}")
+def variant(request):
+    """Decode kernel variant of :func:`kvlab.cuda.attention.plan_paged_attention`."""
+    return request.param
 
 
 def check_close(out, ref, dtype_name, what=""):
@@ -123,7 +135,7 @@ def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_
 
 
 def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_scale=None,
-            prefill_kernel=None):
+            prefill_kernel=None, variant="per_head"):
     from kvlab.cuda.attention import plan_paged_attention
 
     dev = {k: to_device(case[k], kind) for k in ("q", "kv_cache", "block_table", "seq_lens",
@@ -131,7 +143,9 @@ def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_sc
     plan = plan_paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
                                 dev["query_start_loc"], case["kv_cache_dtype"], softmax_scale,
                                 case["k_scale"], case["v_scale"], sliding_window, num_splits=num_splits,
-                                prefill_kernel=prefill_kernel)
+                                prefill_kernel=prefill_kernel, decode_variant=variant)
+    if plan.n_items:
+        assert plan.decode_variant == variant, plan.decode_variant_note
     out = dev["q"].clone() if kind == "torch" else dev["q"].copy()
     out[...] = float("nan")  # poison: every output element must be written
     plan.run(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"],
@@ -165,76 +179,76 @@ SHAPES = [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 256, 16), (4, 1, 128, 32), (2,
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
-def test_mixed_batch(rng, fmt, shape):
+def test_mixed_batch(rng, fmt, shape, variant):
     hkv, group, d, bs = shape
     q_lens, kv_lens = _mixed_lengths(rng, 5, 700)
     case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
-    out, _ = run_gpu(case)
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape}")
+    out, _ = run_gpu(case, variant=variant)
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape} {variant}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("prefill_kernel", [True, False], ids=["prefill-kernel", "decode-kernel"])
 @pytest.mark.parametrize("shape", [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 64, 16)],
                          ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
-def test_prefill_paths(rng, fmt, prefill_kernel, shape):
+def test_prefill_paths(rng, fmt, prefill_kernel, shape, variant):
     """Prompts and chunked prefill on either kernel: whole prompts, chunks after a cached prefix."""
     hkv, group, d, bs = shape
     q_lens = [int(rng.integers(30, 300)), int(rng.integers(2, 40)), 1, int(rng.integers(100, 200))]
     kv_lens = [q_lens[0], q_lens[1] + int(rng.integers(0, 500)), 77, q_lens[3] + 1000]
     case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
-    out, plan = run_gpu(case, prefill_kernel=prefill_kernel)
+    out, plan = run_gpu(case, prefill_kernel=prefill_kernel, variant=variant)
     assert (plan.n_pf > 0) == prefill_kernel
     check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape} prefill_kernel={prefill_kernel}")
-    out_w, _ = run_gpu(case, prefill_kernel=prefill_kernel, sliding_window=50)
+    out_w, _ = run_gpu(case, prefill_kernel=prefill_kernel, sliding_window=50, variant=variant)
     check_close(out_w, run_ref(case, sliding_window=50), "bfloat16", f"{fmt} {shape} window 50")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("window", [1, 37, 300])
-def test_sliding_window(rng, fmt, window):
+def test_sliding_window(rng, fmt, window, variant):
     q_lens, kv_lens = _mixed_lengths(rng, 4, 900)
     case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens)
-    out, _ = run_gpu(case, sliding_window=window)
-    check_close(out, run_ref(case, sliding_window=window), "bfloat16", f"{fmt} window={window}")
+    out, _ = run_gpu(case, sliding_window=window, variant=variant)
+    check_close(out, run_ref(case, sliding_window=window), "bfloat16", f"{fmt} window={window} {variant}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("num_splits", [1, 7, None])
-def test_long_decode_splits(rng, fmt, num_splits):
+def test_long_decode_splits(rng, fmt, num_splits, variant):
     """One long decode sequence and a short one: split-KV on and off give the same answer."""
     case = build_case(rng, fmt, 2, 4, 128, 16, [1, 1], [5000 + int(rng.integers(0, 15)), 3])
-    out, plan = run_gpu(case, num_splits=num_splits)
+    out, plan = run_gpu(case, num_splits=num_splits, variant=variant)
     if num_splits == 7:
         assert plan.n_red > 0  # the reduction kernel ran
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} splits={num_splits}")
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} splits={num_splits} {variant}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_largest_context(rng, fmt):
+def test_largest_context(rng, fmt, variant):
     """The largest context of this test: 32,771 tokens, one KV head, decode + a prefill chunk."""
     case = build_case(rng, fmt, 1, 4, 64, 32, [1, 40], [32771, 32771])
-    out, _ = run_gpu(case)
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} 32k")
+    out, _ = run_gpu(case, variant=variant)
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} 32k {variant}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_fp16_cupy(rng, fmt):
+def test_fp16_cupy(rng, fmt, variant):
     """fp16 q as CuPy arrays (CuPy has no bf16); output comes back as CuPy."""
     pytest.importorskip("cupy")
     q_lens, kv_lens = _mixed_lengths(rng, 4, 500)
     case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, q_dtype=np.float16)
-    out, _ = run_gpu(case, kind="cupy")
+    out, _ = run_gpu(case, kind="cupy", variant=variant)
     check_close(out, run_ref(case), "float16", f"{fmt} fp16")
 
 
-def test_nvfp4_swizzle_and_global_scale(rng):
+def test_nvfp4_swizzle_and_global_scale(rng, variant):
     fmt = get_format("nvfp4", swizzle_v_scales=True)
     q_lens, kv_lens = _mixed_lengths(rng, 4, 600)
     case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, global_scale=True)
     assert case["k_scale"] != 1.0
-    out, _ = run_gpu(case)
-    check_close(out, run_ref(case), "bfloat16", "nvfp4 swizzled, calibrated scales")
+    out, _ = run_gpu(case, variant=variant)
+    check_close(out, run_ref(case), "bfloat16", f"nvfp4 swizzled, calibrated scales {variant}")
 
 
 @pytest.mark.parametrize("fmt", ["int4_per_token_head", "auto"])
@@ -247,6 +261,55 @@ def test_softmax_scale_and_public_api(rng, fmt):
                                 dev["query_start_loc"], kv_cache_dtype=fmt, softmax_scale=0.3)
     assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and out.is_cuda
     check_close(to_host(out).astype(np.float64), run_ref(case, softmax_scale=0.3), "bfloat16", fmt)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(8, 4, 128, 16), (3, 3, 64, 16), (5, 1, 64, 32), (4, 2, 256, 16)],
+                         ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_decode_variants_agree(rng, fmt, shape):
+    """Pure decode at the benchmark's head counts (8 KV heads: 8 warps per paged CTA), the lab's
+    3/9 heads, an odd 5 KV heads, d=256 with 4 KV heads: both variants against
+    the reference, forced splits included. (8 KV heads at d=256 do not fit the paged kernel's
+    shared memory for auto/int8/fp8 and fall back; 4 KV heads at d=256 do fit.)"""
+    hkv, group, d, bs = shape
+    kv_lens = [int(rng.integers(1, 1200)) for _ in range(5)] + [17, 1]
+    case = build_case(rng, fmt, hkv, group, d, bs, [1] * len(kv_lens), kv_lens)
+    ref = run_ref(case)
+    for variant in VARIANTS:
+        for ns in (None, 5):
+            out, plan = run_gpu(case, variant=variant, num_splits=ns)
+            check_close(out, ref, "bfloat16", f"{fmt} {shape} {variant} splits={ns}")
+
+
+def test_decode_variant_selection(rng, monkeypatch):
+    """KVLAB_DECODE_VARIANT picks the kernel, the argument wins, bad names raise, and a shape
+    the paged kernel cannot take (16 column groups) falls back to per_head with a note."""
+    from kvlab.cuda.attention import DEFAULT_DECODE_VARIANT
+
+    case = build_case(rng, "int4_per_token_head", 2, 4, 64, 16, [1, 1], [50, 300])
+    monkeypatch.delenv("KVLAB_DECODE_VARIANT", raising=False)
+    from kvlab.cuda.attention import plan_paged_attention
+
+    dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    args = (dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"],
+            case["kv_cache_dtype"])
+    assert plan_paged_attention(*args).decode_variant == DEFAULT_DECODE_VARIANT == "per_head"
+    monkeypatch.setenv("KVLAB_DECODE_VARIANT", "paged")
+    assert plan_paged_attention(*args).decode_variant == "paged"
+    assert plan_paged_attention(*args, decode_variant="per_head").decode_variant == "per_head"
+    monkeypatch.setenv("KVLAB_DECODE_VARIANT", "bogus")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_VARIANT"):
+        plan_paged_attention(*args)
+    monkeypatch.delenv("KVLAB_DECODE_VARIANT")
+    with pytest.raises(ValueError, match="decode_variant"):
+        plan_paged_attention(*args, decode_variant="bogus")
+    wide = build_case(rng, "int4_per_token_head", 16, 1, 64, 16, [1, 1], [40, 70])
+    out, plan = run_gpu(wide, variant="per_head")
+    dw = {k: to_device(wide[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    p2 = plan_paged_attention(dw["q"], dw["kv_cache"], dw["block_table"], dw["seq_lens"],
+                              dw["query_start_loc"], wide["kv_cache_dtype"], decode_variant="paged")
+    assert p2.decode_variant == "per_head" and "column groups" in p2.decode_variant_note
+    check_close(out, run_ref(wide), "bfloat16", "16 KV heads")
 
 
 def test_tolerance_rejects_wrong_outputs(rng):
@@ -292,9 +355,12 @@ if __name__ == "__main__":
     for _fmt in FORMATS:
         for _pk in (True, False):
             _case = build_case(_rng, _fmt, 2, 4, 128, 16, [1, 37, 1, 5], [300, 37, 20, 900])
-            _out, _ = run_gpu(_case, prefill_kernel=_pk, num_splits=3, sliding_window=100)
-            check_close(_out, run_ref(_case, sliding_window=100), "bfloat16", f"{_fmt} driver")
+            for _v in VARIANTS:
+                _out, _ = run_gpu(_case, prefill_kernel=_pk, num_splits=3, sliding_window=100,
+                                  variant=_v)
+                check_close(_out, run_ref(_case, sliding_window=100), "bfloat16", f"{_fmt} driver {_v}")
         _case = build_case(_rng, _fmt, 1, 8, 256, 32, [1, 20], [70, 90])
-        _out, _ = run_gpu(_case)
-        check_close(_out, run_ref(_case), "bfloat16", f"{_fmt} d=256 driver")
+        for _v in VARIANTS:
+            _out, _ = run_gpu(_case, variant=_v)
+            check_close(_out, run_ref(_case), "bfloat16", f"{_fmt} d=256 driver {_v}")
     print("paged attention sanitizer driver: ok")
