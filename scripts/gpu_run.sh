@@ -46,6 +46,13 @@ if [ -z "${SKIP_BENCH:-}" ]; then
     echo "bench $s done [$(( $(date +%s) - t0 )) s]"
   done
 fi
+if [ -n "${PROFILE:-}" ]; then
+  # one int4 decode launch (batch 32 x 8k, 32/8 heads, d=128) under Nsight Compute, as text
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] && timeout "${T_PROFILE:-120}" "$NCU" --clock-control none --set full \
+    -k regex:paged_attention_decode -c 2 python3 scripts/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
+  echo "profile done [$(( $(date +%s) - t0 )) s]: $(grep -cE 'Duration|Memory Throughput' "$OUT/ncu_decode.txt" 2>/dev/null) metric lines"
+fi
 echo "================ summary ================"
 echo "check: rc=$check_rc  $(tail -1 "$OUT/check.log")"
 echo "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest.log" | tail -1)"

@@ -7,6 +7,7 @@ tensor is its own allocation and an out-of-bounds access cannot hide inside a po
 """
 from __future__ import annotations
 
+import os
 import sys
 
 import cupy
@@ -67,8 +68,11 @@ def main() -> int:
                 bt[0, : -(-T // bs)] = np.arange(-(-T // bs))
                 qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
                 q = t(rng.standard_normal((int(qsl[-1]), H * 4, d)), torch.bfloat16)
-                for window in (None, 5):
-                    kvlab.paged_attention(q, cache, t(bt), t(seq_lens), t(qsl), fmt, sliding_window=window)
+                for variant in ("per_head", "paged"):          # both decode kernels
+                    os.environ["KVLAB_DECODE_VARIANT"] = variant
+                    for window in (None, 5):
+                        kvlab.paged_attention(q, cache, t(bt), t(seq_lens), t(qsl), fmt, sliding_window=window)
+                os.environ.pop("KVLAB_DECODE_VARIANT")
                 # decode batch with a long-ish context: the split-KV path and its reduction
                 nb2 = 40
                 cache2 = kvlab.allocate_cache(fmt, nb2, bs, H, d, like=key)
@@ -76,8 +80,11 @@ def main() -> int:
                 kv = t(rng.standard_normal((L, H, d)), torch.bfloat16)
                 kvlab.reshape_and_cache(kv, kv, cache2, t(np.arange(L, dtype=np.int64)), fmt)
                 qd = t(rng.standard_normal((2, H * 3, d)), torch.bfloat16)
-                kvlab.paged_attention(qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
-                                      t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
+                for variant in ("per_head", "paged"):
+                    os.environ["KVLAB_DECODE_VARIANT"] = variant
+                    kvlab.paged_attention(qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
+                                          t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
+                os.environ.pop("KVLAB_DECODE_VARIANT")
     torch.cuda.synchronize()
     step("done")
     return 0
