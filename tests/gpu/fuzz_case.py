@@ -111,7 +111,8 @@ def run_case(case: dict) -> str:
         got, slot_mapping = host(gpu_cache), full_slots
     if err:
         return err
-    return _check_read_side(case, fmt, rng, gpu_cache, got, block_table, seq_lens, qlens, ks, vs, np_dt, H, G, d)
+    return _check_read_side(case, fmt, rng, gpu_cache, got, block_table, seq_lens, qlens, ks, vs, np_dt, H, G, d,
+                            full_slots)
 
 
 def _compare_caches(fmt, got, ref_cache, slot_mapping, H, d) -> str:
@@ -128,12 +129,19 @@ def _compare_caches(fmt, got, ref_cache, slot_mapping, H, d) -> str:
     return ""
 
 
-def _check_read_side(case, fmt, rng, gpu_cache, got, block_table, seq_lens, qlens, ks, vs, np_dt, H, G, d):
+def _check_read_side(case, fmt, rng, gpu_cache, got, block_table, seq_lens, qlens, ks, vs, np_dt, H, G, d,
+                     slots_all):
     # --- dequantize_cache on the GPU == the reference on the same bytes (exact)
+    # compared on the written slots: elsewhere the cache holds poison bytes, whose garbage
+    # scales may be float32 subnormals that the GPU flushes to zero (CuPy compiles with -ftz)
     gk, gv = kvlab.dequantize_cache(gpu_cache, fmt, ks, vs)
     rk, rv = kvlab.reference.dequantize_cache(got, fmt, ks, vs)
-    if not (np.array_equal(host(gk), rk, equal_nan=True) and np.array_equal(host(gv), rv, equal_nan=True)):
-        return "dequantize_cache: differs from the reference on the same cache bytes"
+    bs = got.shape[2]
+    blk, off = slots_all // bs, slots_all % bs
+    for g, r, side in ((host(gk), rk, "K"), (host(gv), rv, "V")):
+        if not np.array_equal(g[blk, off], r[blk, off], equal_nan=True):
+            n = np.count_nonzero(~((g[blk, off] == r[blk, off]) | (np.isnan(g[blk, off]) & np.isnan(r[blk, off]))))
+            return f"dequantize_cache: {side} differs from the reference on the same bytes ({n} values)"
     # --- attention over the GPU-written cache, against float64 over the same bytes
     qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
     q = (rng.standard_normal((int(qsl[-1]), H * G, d))).astype(np_dt)
