@@ -58,6 +58,15 @@ struct DecodeRaw {
   uint32_t sv[4][NGV];                      // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
 };
 
+// a[idx] for a small register array and a run-time idx, without local memory.
+template <int N>
+__device__ __forceinline__ uint32_t pick_word(const uint32_t (&a)[N], int idx) {
+  uint32_t v = a[0];
+#pragma unroll
+  for (int j = 1; j < N; ++j) v = (idx == j) ? a[j] : v;
+  return v;
+}
+
 // One warp, one 16-token tile at KV positions p0 .. p0+15, 8 query columns: S^T = K·Q^T,
 // masking, the online softmax update of (m, l) per column, O^T += V^T·P'^T (and the int4
 // zero-point sum z). Shared by both decode kernels; `ps` is the warp's 8x16 P scratch.
@@ -95,8 +104,10 @@ __device__ __forceinline__ void decode_tile_math(
 #pragma unroll
     for (int i = 0; i < NGK; ++i) {
       const int gi = c * NGK + i;
-      const uint16_t ha = bits16<__half>(e4m3_to_float((r.skg[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-      const uint16_t hb = bits16<__half>(e4m3_to_float((r.skg8[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      // gi depends on the lane: pick the word with compile-time indices (a run-time index
+      // would move skg/skg8 to local memory — a 224-byte stack frame at D=128)
+      const uint16_t ha = bits16<__half>(e4m3_to_float((pick_word(r.skg, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      const uint16_t hb = bits16<__half>(e4m3_to_float((pick_word(r.skg8, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
       sfk_g[i] = pack2(ha, ha);
       sfk_g8[i] = pack2(hb, hb);
     }
@@ -179,7 +190,12 @@ __device__ __forceinline__ void decode_tile_math(
 }
 
 template <int FMT, int D, typename T>
-__global__ void __launch_bounds__(NW * 32, (D > 128 ? 2 : (FMT == INT4 || (FMT == AUTO && D == 128)) ? 4 : 3))
+// CTAs per SM the register budget is sized for; KVLAB_DECODE_INT4_MIN_CTAS (an NVRTC -D, see
+// KVLAB_NVRTC_OPTIONS in kvlab/cuda/loader.py) overrides the int4 value for experiments.
+#ifndef KVLAB_DECODE_INT4_MIN_CTAS
+#define KVLAB_DECODE_INT4_MIN_CTAS 4
+#endif
+__global__ void __launch_bounds__(NW * 32, (D > 128 ? 2 : FMT == INT4 ? KVLAB_DECODE_INT4_MIN_CTAS : (FMT == AUTO && D == 128) ? 4 : 3))
 paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
                        const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                        int bt_stride, const int* __restrict__ seq_lens,

@@ -17,6 +17,7 @@ import functools
 import hashlib
 import importlib.resources
 import io
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,8 +129,14 @@ def cuda_include_dirs() -> list[str]:
 
 
 def compile_options() -> tuple:
+    """NVRTC options: C++17, the kernels and CUDA include folders, plus ``KVLAB_NVRTC_OPTIONS``.
+
+    ``KVLAB_NVRTC_OPTIONS`` (space-separated, e.g. ``-lineinfo`` for profiling or a ``-D`` of a
+    tuning macro) is part of CuPy's cache key, so changing it recompiles.
+    """
     opts = ["-std=c++17", f"-I{kernels_dir()}"]
     opts += [f"-I{d}" for d in cuda_include_dirs()]
+    opts += os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
     return tuple(opts)
 
 
