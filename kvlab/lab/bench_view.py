@@ -1,9 +1,10 @@
-"""Read the committed kernel benchmark results (``benchmarks/**/results.json`` / ``.md``) for notebook 06.
+"""Read the committed kernel benchmark results (``benchmarks/``) for notebook 06.
 
-The kernel engineers commit one folder per H200 run (``benchmarks/run1/`` …)
-holding ``results.json`` (``{"environment": {...}, "rows": [...]}``, rows with
-``suite, case, impl, median_ms, bytes, gbps, frac_of_copy, ratio_vs_baseline, notes``)
-and ``results.md``. Nothing here needs a GPU.
+The kernel engineers commit the latest H200 run as ``benchmarks/latest/<suite>/results.json``
+(``{"environment": {...}, "rows": [...]}``, rows with ``suite, case, impl, median_ms,
+bytes, gbps, frac_of_copy, ratio_vs_baseline, notes``) with a summary in
+``benchmarks/RESULTS.md``; older runs live under ``benchmarks/history/``. Nothing here
+needs a GPU.
 """
 from __future__ import annotations
 
@@ -11,18 +12,42 @@ import json
 from pathlib import Path
 
 
+def _root(root):
+    return Path(root) if root is not None else Path(__file__).resolve().parents[2] / "benchmarks"
+
+
 def find_results(root=None) -> list:
-    """Every ``results.json`` under ``root`` (default: the repository's ``benchmarks/``), newest run last."""
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[2] / "benchmarks"
+    """The ``results.json`` files of the latest committed run (one per suite).
+
+    Layout: ``benchmarks/latest/<suite>/results.json`` (newest run), older runs under
+    ``benchmarks/history/``. Without a ``latest/`` folder, every ``results.json``
+    outside ``history/`` (e.g. ``benchmarks/run2/``). Empty when nothing is committed.
+    """
+    root = _root(root)
     if not root.is_dir():
         return []
+    latest = root / "latest"
+    if latest.is_dir():
+        found = sorted(latest.glob("**/results.json"))
+        if found:
+            return found
+    return sorted(p for p in root.glob("**/results.json") if "history" not in p.relative_to(root).parts)
 
-    def key(p):
-        name = p.parent.name
-        digits = "".join(c for c in name if c.isdigit())
-        return (int(digits) if digits else -1, str(p))
 
-    return sorted(root.glob("**/results.json"), key=key)
+def results_markdown(root=None) -> str:
+    """The committed ``benchmarks/RESULTS.md`` summary ('' when absent)."""
+    p = _root(root) / "RESULTS.md"
+    return p.read_text() if p.is_file() else ""
+
+
+def latest_results(root=None) -> tuple[dict, list]:
+    """``(environment, rows)`` of the latest run: rows of every suite's ``results.json`` together."""
+    env, rows = {}, []
+    for p in find_results(root):
+        e, r = load_results(p)
+        env = env or e
+        rows.extend(r)
+    return env, rows
 
 
 def load_results(path) -> tuple[dict, list]:
