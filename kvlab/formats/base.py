@@ -93,6 +93,14 @@ class CacheFormat:
         )
 
     # ---- codec (reference) --------------------------------------------------------
+    def _head_vectors(self, x):
+        """``x`` ``(..., d)`` → ``(rows (n, d), lead shape, d, non-finite mask (n,))`` for a codec."""
+        x = np.asarray(x)
+        d = x.shape[-1] if x.ndim else 0
+        self.check_head_size(d, "x.shape[-1]")
+        rows = x.reshape(-1, d)
+        return rows, x.shape[:-1], d, nonfinite_rows(rows)
+
     def quantize_rows(self, x: np.ndarray, global_scale: float = 1.0) -> np.ndarray:
         """Head vectors ``(..., d)`` → rows uint8 ``(..., row_bytes)`` (logical layout)."""
         raise NotImplementedError

@@ -38,7 +38,7 @@ from .. import arrays
 from ..reference.hadamard import SUPPORTED_HEAD_SIZES, inverse_rht, rht
 from ..reference.nibble import pack_nibbles, unpack_nibbles
 from ..reference.rounding import round_half_away
-from .base import NAN_SCALE_WORD, CacheFormat, nonfinite_rows
+from .base import NAN_SCALE_WORD, CacheFormat
 
 SCALE_FLOOR = np.float32(1e-6)
 
@@ -110,12 +110,7 @@ class Int4PerTokenHead(CacheFormat):
         return round_to_input_dtype(rht(x, signs), x.dtype)
 
     def quantize_rows(self, x, global_scale: float = 1.0, signs=None):
-        x = np.asarray(x)
-        d = x.shape[-1]
-        self.check_head_size(d, "x.shape[-1]")
-        lead = x.shape[:-1]
-        x = x.reshape(-1, d)  # rows of head vectors; reshaped back at the end
-        bad = nonfinite_rows(x)
+        x, lead, d, bad = self._head_vectors(x)  # (n, d) rows; reshaped back to lead at the end
         with np.errstate(invalid="ignore", over="ignore"):
             y = self.rotate(np.where(bad[..., None], 0, x).astype(x.dtype), signs)
         scale, zp = int4_qparams(y)

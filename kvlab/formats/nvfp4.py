@@ -35,7 +35,7 @@ import numpy as np
 from .. import checks
 from ..reference.fp_codecs import E2M1_MAX, E4M3_MAX, e2m1_decode, e2m1_encode, e4m3_decode, e4m3_encode
 from ..reference.nibble import pack_nibbles, unpack_nibbles
-from .base import SIDES, CacheFormat, nonfinite_rows
+from .base import SIDES, CacheFormat
 
 GROUP = 16
 
@@ -107,13 +107,8 @@ class NVFP4(CacheFormat):
 
     # ---- codec ----------------------------------------------------------------------
     def quantize_rows(self, x, global_scale: float = 1.0):
-        x = np.asarray(x)
-        d = x.shape[-1]
-        self.check_head_size(d, "x.shape[-1]")
+        x, lead, d, bad = self._head_vectors(x)  # (n, d) rows; reshaped back to lead at the end
         gs = checks.check_float(global_scale, "global_scale", positive=True)
-        lead = x.shape[:-1]
-        x = x.reshape(-1, d)  # rows of head vectors; reshaped back at the end
-        bad = nonfinite_rows(x)
         x = np.where(bad[..., None], 0, x.astype(np.float32))
         sf = nvfp4_block_scales(x, gs)
         codes = nvfp4_codes(x, sf, gs)

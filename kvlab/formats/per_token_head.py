@@ -18,7 +18,7 @@ import numpy as np
 
 from ..reference.fp_codecs import e4m3_decode, e4m3_encode
 from ..reference.rounding import round_half_away
-from .base import SIDES, CacheFormat, nonfinite_rows
+from .base import SIDES, CacheFormat
 
 SCALE_FLOOR = np.float32(1e-6)
 
@@ -61,12 +61,7 @@ class PerTokenHead8(CacheFormat):
         return e4m3_decode(codes)
 
     def quantize_rows(self, x, global_scale: float = 1.0):
-        x = np.asarray(x)
-        d = x.shape[-1]
-        self.check_head_size(d, "x.shape[-1]")
-        lead = x.shape[:-1]
-        x = x.reshape(-1, d)  # rows of head vectors; reshaped back at the end
-        bad = nonfinite_rows(x)
+        x, lead, d, bad = self._head_vectors(x)  # (n, d) rows; reshaped back to lead at the end
         x = np.where(bad[..., None], 0, x.astype(np.float32))
         scale = symmetric_scale(x, self.qmax)
         codes = self.codes(x, scale)
