@@ -29,25 +29,37 @@ class PagedBatch:
     v_scale: float = 1.0
 
 
-def make_paged_batch(rng, fmt_name, seq_lens, query_lens, num_kv_heads, gqa, head_size, block_size,
-                     dtype=np.float32, extra_blocks=3, k_scale=1.0, v_scale=1.0, scale=1.0):
-    """Random K/V/Q; blocks drawn at random from a shuffled pool; cache written with the reference."""
-    fmt = kvlab.get_format(fmt_name)
+def random_block_table(rng, seq_lens, block_size, extra_blocks=3, fill=-7):
+    """Blocks for each sequence drawn from a shuffled pool of ``sum(blocks) + extra_blocks``.
+
+    Returns ``(num_blocks, block_table int32 (num_seqs, max_blocks + 1), slots)``; ``slots`` is a
+    list of int64 ``(seq_len,)`` slot mappings; table entries a sequence does not use hold ``fill``.
+    """
     seq_lens = np.asarray(seq_lens, np.int32)
-    query_lens = np.asarray(query_lens, np.int32)
     nblk = -(-seq_lens // block_size)
     num_blocks = int(nblk.sum()) + extra_blocks
     pool = rng.permutation(num_blocks)
-    maxb = int(nblk.max(initial=1)) + 1
-    block_table = np.full((len(seq_lens), maxb), -7, np.int32)  # unused entries: garbage
-    ks, vs, slots = [], [], []
-    used = 0
+    block_table = np.full((len(seq_lens), int(nblk.max(initial=1)) + 1), fill, np.int32)
+    slots, used = [], 0
     for i, L in enumerate(seq_lens):
         blocks = pool[used: used + nblk[i]]
         used += nblk[i]
         block_table[i, : nblk[i]] = blocks
         pos = np.arange(L)
         slots.append(blocks[pos // block_size].astype(np.int64) * block_size + pos % block_size)
+    return num_blocks, block_table, slots
+
+
+def make_paged_batch(rng, fmt_name, seq_lens, query_lens, num_kv_heads, gqa, head_size, block_size,
+                     dtype=np.float32, extra_blocks=3, k_scale=1.0, v_scale=1.0, scale=1.0):
+    """Random K/V/Q; blocks drawn at random from a shuffled pool; cache written with the reference."""
+    fmt = kvlab.get_format(fmt_name)
+    seq_lens = np.asarray(seq_lens, np.int32)
+    query_lens = np.asarray(query_lens, np.int32)
+    # unused table entries hold garbage (-7): kernels must never read them
+    num_blocks, block_table, slots = random_block_table(rng, seq_lens, block_size, extra_blocks)
+    ks, vs = [], []
+    for L in seq_lens:
         ks.append((rng.standard_normal((L, num_kv_heads, head_size)) * scale).astype(dtype))
         vs.append((rng.standard_normal((L, num_kv_heads, head_size)) * scale).astype(dtype))
     cache = kvlab.allocate_cache(fmt, num_blocks, block_size, num_kv_heads, head_size,

@@ -13,6 +13,7 @@ import numpy as np
 
 import kvlab
 from kvlab.arrays import NUMPY_BF16
+from tests.helpers import random_block_table
 
 #: int4: the GPU rotation's float32 sums may land on the other side of a bf16/fp16 rounding tie
 #: (SPEC 2.1 "byte-compatible"): codes may differ by 1 on a small fraction; everything else exact.
@@ -70,17 +71,7 @@ def run_case(case: dict) -> str:
     np_dt = NUMPY_BF16 if case["dtype"] == "bfloat16" else np.float16
     seq_lens = np.array(case["seq_lens"], np.int32)
     qlens = np.array(case["query_lens"], np.int32)
-    nblk = -(-seq_lens // bs)
-    num_blocks = int(nblk.sum()) + 2
-    pool = rng.permutation(num_blocks)
-    block_table = np.full((len(seq_lens), int(nblk.max()) + 1), 0, np.int32)
-    slots, used = [], 0
-    for i, L in enumerate(seq_lens):
-        blocks = pool[used: used + nblk[i]]
-        used += nblk[i]
-        block_table[i, : nblk[i]] = blocks
-        pos = np.arange(L)
-        slots.append(blocks[pos // bs].astype(np.int64) * bs + pos % bs)
+    num_blocks, block_table, slots = random_block_table(rng, seq_lens, bs, extra_blocks=2, fill=0)
     slot_mapping = np.concatenate(slots)
     T = len(slot_mapping)
     skip = rng.random(T) < 0.05            # a few skipped tokens: their slots keep the poison
