@@ -9,6 +9,7 @@ a data part and a scale part of each ``(block, side)`` slab (SPEC 2.3); its
 """
 from __future__ import annotations
 
+import abc
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,8 +35,9 @@ def nonfinite_rows(x) -> np.ndarray:
 
 
 @dataclass(frozen=True)
-class CacheFormat:
-    """A KV-cache format. Subclasses fill in the codec (the NumPy reference)."""
+class CacheFormat(abc.ABC):
+    """A KV-cache format (abstract). Each subclass in kvlab/formats/ defines its row layout and
+    its codec — the NumPy reference of the format."""
 
     name: str
     #: short description for tables
@@ -55,6 +57,7 @@ class CacheFormat:
             )
         return int(head_size)
 
+    @abc.abstractmethod
     def row_bytes(self, head_size: int) -> int:
         """Bytes of one (token, head) row: the last dimension of the uint8 cache."""
         raise NotImplementedError
@@ -101,15 +104,18 @@ class CacheFormat:
         rows = x.reshape(-1, d)
         return rows, x.shape[:-1], d, nonfinite_rows(rows)
 
+    @abc.abstractmethod
     def quantize_rows(self, x: np.ndarray, global_scale: float = 1.0) -> np.ndarray:
         """Head vectors ``(..., d)`` → rows uint8 ``(..., row_bytes)`` (logical layout)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def dequantize_rows(self, rows: np.ndarray, head_size: int, global_scale: float = 1.0) -> np.ndarray:
         """Rows ``(..., row_bytes)`` → float64 head vectors ``(..., d)``."""
         raise NotImplementedError
 
     # ---- data / scale views -------------------------------------------------------
+    @abc.abstractmethod
     def data_bytes(self, head_size: int) -> int:
         """Bytes of the code part of a row."""
         raise NotImplementedError
@@ -117,6 +123,7 @@ class CacheFormat:
     def scale_bytes(self, head_size: int) -> int:
         return self.row_bytes(head_size) - self.data_bytes(head_size)
 
+    @abc.abstractmethod
     def split_views(self, cache: np.ndarray, side: str):
         """``(data, scales)`` views of one side (``"k"`` or ``"v"``) of a NumPy uint8 cache.
 
