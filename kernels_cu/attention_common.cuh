@@ -34,6 +34,13 @@ namespace attn {
 
 enum Fmt : int { AUTO = 0, INT8 = 1, FP8 = 2, INT4 = 3, NVFP4 = 4 };
 
+// ---------------------------------------------------------------- softmax / scaling constants
+constexpr float NEG_BIG = -1.0e30f;  // running-max start: exp2(NEG_BIG - NEG_BIG) = 1, no NaN
+__device__ __forceinline__ float neg_inf() { return __uint_as_float(0xff800000u); }
+// fp8 V operands are value·2^-120 (see the fp8 operand below): P' carries 2^64, the output 2^56.
+constexpr float FP8_V_P = 18446744073709551616.0f;   // 2^64
+constexpr float FP8_V_OUT = 72057594037927936.0f;    // 2^56
+
 // ---------------------------------------------------------------- mma
 // D += A·B, m16n8k16, A row-major 16x16, B col-major 16x8, float32 accumulate.
 // Fragments (g = lane/4, c = lane%4): a[0] = (row g, k 2c..2c+1), a[1] = (row g+8, k 2c..),

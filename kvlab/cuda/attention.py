@@ -1,4 +1,7 @@
-"""GPU paged attention (``kernels_cu/paged_attention.cu``). Reference: :mod:`kvlab.reference.attention`.
+"""GPU paged attention. Reference: :mod:`kvlab.reference.attention`.
+
+Kernels: ``kernels_cu/paged_attention.cu`` (decode, split-KV reduction; family
+``paged_attention``) and ``kernels_cu/paged_prefill.cu`` (prefill; family ``paged_prefill``).
 
 SPEC 2.4 semantics for every format: ragged batches mixing decode and (chunked)
 prefill, GQA, causal, optional sliding window. Two steps, as FlashInfer's
@@ -43,6 +46,7 @@ from . import launch as L
 from .loader import KernelSpec, get_kernel, register
 
 FAMILY = "paged_attention"
+PREFILL_FAMILY = "paged_prefill"
 #: format name -> FMT template code (attention_common.cuh ``enum Fmt``)
 FORMAT_CODES = {
     "auto": 0,
@@ -65,7 +69,8 @@ PG_NST = 2                  # its stages (double buffer)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
-PF_ROWS = 64                     # query rows per prefill CTA
+PF_WARPS = 4                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
+PF_ROWS = 64                     # query rows per prefill CTA (PF_ROWS in paged_prefill.cu)
 PREFILL_MIN_ROWS = 32            # a sequence with >= this many (token, head) rows per KV head uses it
 
 SPECS = register(FAMILY, [
@@ -73,10 +78,13 @@ SPECS = register(FAMILY, [
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t))
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
-    *[KernelSpec(FAMILY, "paged_attention_prefill", (code, d, t))
-      for code in FORMAT_CODES.values() for d in PREFILL_HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot))
       for d in HEAD_SIZES for t in Q_DTYPES for rot in (False, True)],
+])
+# The prefill kernel has its own source file (kernels_cu/paged_prefill.cu) and family.
+PREFILL_SPECS = register(PREFILL_FAMILY, [
+    KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
+    for code in FORMAT_CODES.values() for d in PREFILL_HEAD_SIZES for t in Q_DTYPES
 ])
 
 
@@ -106,7 +114,7 @@ def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int) -> int:
 
 
 def _prefill_spec(code, d, t):
-    return KernelSpec(FAMILY, "paged_attention_prefill", (code, d, t))
+    return KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
 
 
 def _reduce_spec(d, t, rot):
@@ -221,7 +229,7 @@ class AttentionPlan:
         with L.stream_of(q):
             if self.n_pf:
                 kp = get_kernel(_prefill_spec(self.fmt_code, d, t), self.device_id)
-                L.launch(kp, (self.n_pf, self.num_kv_heads), (NW * 32,), (
+                L.launch(kp, (self.n_pf, self.num_kv_heads), (PF_WARPS * 32,), (
                     L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
                     L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.pf_items),
                     L.i32(self.num_kv_heads), L.i32(self.num_q_heads),

@@ -1,4 +1,4 @@
-"""GPU paged attention (kernels_cu/paged_attention.cu) against the float64 reference.
+"""GPU paged attention (kernels_cu/paged_attention.cu, kernels_cu/paged_prefill.cu) against the float64 reference.
 
 The reference is :func:`kvlab.reference.paged_attention` with ``out_dtype=float64`` on the
 *same cache bytes*, so it is attention over the dequantized cache and the kernel is judged

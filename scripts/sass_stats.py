@@ -1,0 +1,144 @@
+"""Static SASS instruction mix of kvlab kernels, without a GPU (NVRTC -> cubin -> nvdisasm).
+
+    python scripts/sass_stats.py paged_attention 'decode<3, 128, __nv_bfloat16>'
+    python scripts/sass_stats.py reshape_and_cache 'int4' --arch sm_90 --dump out.sass
+
+Compiles only the instantiations of FAMILY whose name expression contains every FILTER
+(substring match), with the loader's options (``KVLAB_NVRTC_OPTIONS`` included), and prints
+per kernel: registers, total instructions, and for each loop (a backward branch and its
+target) the instruction count by opcode — the loop body is where a streaming kernel spends
+its time, so the counts there are the ones to compare between versions.
+
+nvdisasm comes from the pip package ``nvidia-cuda-nvdisasm`` (13.x); the machine's NVRTC (pip
+``nvidia-cuda-nvrtc``) can differ from the GPU machine's, so treat small differences with care.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kvlab.cuda import loader  # noqa: E402
+
+
+def find_nvdisasm() -> str:
+    exe = shutil.which("nvdisasm")
+    if exe:
+        return exe
+    try:
+        import nvidia.cu13  # type: ignore
+
+        for base in nvidia.cu13.__path__:
+            cand = Path(base) / "bin" / "nvdisasm"
+            if cand.exists():
+                return str(cand)
+    except ImportError:
+        pass
+    sys.exit("nvdisasm not found: pip install 'nvidia-cuda-nvdisasm==13.*'")
+
+
+def compile_cubin(family: str, filters: list[str], arch: str) -> tuple[bytes, dict]:
+    from cupy.cuda import compiler
+
+    specs = loader._ensure_family(family)
+    exprs = [s.name_expression() for s in specs if all(f in s.name_expression() for f in filters)]
+    if not exprs:
+        sys.exit(f"no instantiation of {family!r} matches {filters}; e.g. {specs[0].name_expression()}")
+    prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=exprs,
+                                  method="cubin")
+    cubin, mapping = prog.compile(loader.compile_options() + (f"-arch={arch}",))
+    return _pad_elf(cubin), {v: k for k, v in (mapping or {}).items()}
+
+
+def _pad_elf(b: bytes) -> bytes:
+    """CuPy's ``getCUBIN`` drops the image's last byte (it treats it like a C string); restore
+    the length the ELF header implies (the lost byte is padding, zero)."""
+    import struct
+
+    shoff, = struct.unpack_from("<Q", b, 0x28)
+    phoff, = struct.unpack_from("<Q", b, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", b, 0x36)
+    need = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+    return b + b"\0" * max(0, need - len(b))
+
+
+_FN = re.compile(r"^\s*\.text\.(\S+):")
+_INS = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_LABEL = re.compile(r"^\.(L_x_\d+):")
+
+
+def parse(sass: str) -> dict:
+    """function -> list of (address, opcode, operands, label-at-this-address or None)."""
+    funcs: dict = collections.OrderedDict()
+    cur, pending = None, None
+    for line in sass.splitlines():
+        m = _FN.match(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            pending = None
+            continue
+        m = _LABEL.match(line.strip())
+        if m:
+            pending = m.group(1)
+            continue
+        m = _INS.search(line)
+        if m and cur is not None:
+            cur.append((int(m.group(1), 16), m.group(3), m.group(4), pending))
+            pending = None
+    return funcs
+
+
+def op_class(op: str) -> str:
+    return op.split(".")[0]
+
+
+def report(funcs: dict, demangled: dict, top: int) -> None:
+    for fn, ins in funcs.items():
+        name = demangled.get(fn, fn)
+        print(f"\n== {name}: {len(ins)} instructions")
+        labels = {lab: i for i, (_, _, _, lab) in enumerate(ins) if lab}
+        loops = []
+        for i, (_, op, operands, _) in enumerate(ins):
+            if op.startswith("BRA") or op.startswith("BRX"):
+                m = re.search(r"`\(\.(L_x_\d+)\)", operands)
+                if m and m.group(1) in labels and labels[m.group(1)] <= i:
+                    loops.append((labels[m.group(1)], i))
+        # outermost-first, largest bodies
+        loops.sort(key=lambda ab: ab[1] - ab[0], reverse=True)
+        for a, b in loops[:top]:
+            body = ins[a:b + 1]
+            mix = collections.Counter(op_class(op) for _, op, _, _ in body)
+            print(f"  loop [{a}..{b}] {len(body)} instructions: "
+                  + ", ".join(f"{k} {v}" for k, v in mix.most_common(24)))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("family")
+    ap.add_argument("filters", nargs="*", help="substrings every selected name expression contains")
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--top", type=int, default=3, help="largest loops to show per kernel")
+    ap.add_argument("--dump", help="write the full SASS here")
+    args = ap.parse_args()
+    cubin, demangled = compile_cubin(args.family, args.filters, args.arch)
+    with tempfile.TemporaryDirectory() as td:
+        path = os.path.join(td, "k.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        sass = subprocess.run([find_nvdisasm(), "-c", path],
+                              capture_output=True, text=True, check=True).stdout
+    if args.dump:
+        Path(args.dump).write_text(sass)
+    report(parse(sass), demangled, args.top)
+
+
+if __name__ == "__main__":
+    main()
