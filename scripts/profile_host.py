@@ -1,0 +1,56 @@
+"""Where the host time of one ``kvlab.paged_attention`` call goes (needs a GPU).
+
+    python scripts/profile_host.py            # B=32 x 8k, 32/8 heads, d=128, int4, torch bf16
+
+Prints the wall time per call of (a) the whole call, (b) ``plan_paged_attention`` alone and
+(c) ``AttentionPlan.run`` alone (kernels only, synchronized), then a cProfile of the whole
+call's Python functions sorted by cumulative time. The decode benchmark times (c); an engine
+builds the plan once per step and runs it for every layer.
+"""
+import cProfile
+import pstats
+import time
+
+import torch
+
+import kvlab
+from kvlab.cuda.attention import plan_paged_attention
+
+B, CTX, HQ, HKV, D, BS = 32, 8192, 32, 8, 128, 16
+FMT = "int4_per_token_head"
+nb = B * CTX // BS
+g = torch.Generator(device="cuda").manual_seed(0)
+cache = kvlab.allocate_cache(FMT, nb, BS, HKV, D, like=torch.empty(1, device="cuda", dtype=torch.bfloat16))
+kv = torch.randn((nb * BS, HKV, D), generator=g, device="cuda").to(torch.bfloat16)
+kvlab.reshape_and_cache(kv, kv, cache, torch.arange(nb * BS, device="cuda"), FMT)
+del kv
+bt = torch.arange(nb, device="cuda", dtype=torch.int32).reshape(B, CTX // BS)
+sl = torch.full((B,), CTX, device="cuda", dtype=torch.int32)
+qsl = torch.arange(B + 1, device="cuda", dtype=torch.int32)
+q = torch.randn((B, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
+args = (q, cache, bt, sl, qsl)
+
+
+def per_call_ms(fn, n=50):
+    fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(n):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / n * 1e3
+
+
+plan = plan_paged_attention(*args, FMT)
+out = plan.run(*args)
+print(f"whole call        {per_call_ms(lambda: kvlab.paged_attention(*args, kv_cache_dtype=FMT)):.3f} ms")
+print(f"plan only         {per_call_ms(lambda: plan_paged_attention(*args, FMT)):.3f} ms")
+print(f"run only (queued) {per_call_ms(lambda: plan.run(*args, out=out)):.3f} ms")
+
+prof = cProfile.Profile()
+prof.enable()
+for _ in range(50):
+    kvlab.paged_attention(*args, kv_cache_dtype=FMT)
+torch.cuda.synchronize()
+prof.disable()
+pstats.Stats(prof).sort_stats("cumulative").print_stats(28)
