@@ -105,9 +105,8 @@ def check_paged_attention(
     S = arrays.shape(block_table)[0]
     checks.check_array(seq_lens, "seq_lens", dtypes=("int32",), shape=(S,))
     checks.check_array(query_start_loc, "query_start_loc", dtypes=("int32",), shape=(S + 1,))
-    qsl = arrays.to_host(query_start_loc).astype(np.int64)
-    sl = arrays.to_host(seq_lens).astype(np.int64)
-    bt = arrays.to_host(block_table)
+    qsl, sl, bt = arrays.to_host_many(query_start_loc, seq_lens, block_table)  # one sync
+    qsl, sl = qsl.astype(np.int64), sl.astype(np.int64)
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc: must start at 0, got {int(qsl[0])}")
     qlen = np.diff(qsl)

@@ -436,9 +436,14 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
     with cupy.cuda.Device(dev):
         with L.stream_of(q):
-            items_d = cupy.asarray(items) if len(items) else cupy.zeros((1, ITEM), cupy.int32)
-            red_d = cupy.asarray(red) if len(red) else None
-            pf_d = cupy.asarray(pf_items) if len(pf_items) else None
+            # one host-to-device copy for the three work lists (views into one buffer)
+            parts = [np.ascontiguousarray(a, np.int32).ravel()
+                     for a in (items if len(items) else np.zeros((1, ITEM), np.int32), red, pf_items)]
+            buf = cupy.asarray(np.concatenate(parts))
+            o1, o2 = parts[0].size, parts[0].size + parts[1].size
+            items_d = buf[:o1].reshape(-1, ITEM)
+            red_d = buf[o1:o2].reshape(-1, 4) if len(red) else None
+            pf_d = buf[o2:].reshape(-1, 2) if len(pf_items) else None
             ws_o = cupy.empty((max(n_parts, 1) * ny * NCOL * d,), cupy.float32)
             ws_ml = cupy.empty((max(n_parts, 1) * ny * NCOL * 2,), cupy.float32)
     return AttentionPlan(
