@@ -6,6 +6,7 @@
 #   bash scripts/gpu_run.sh
 #   SUITES="write hadamard" SANITIZE=1 bash scripts/gpu_run.sh
 #   PYTEST_ARGS="tests/gpu/test_paged_attention_gpu.py" SKIP_BENCH=1 bash scripts/gpu_run.sh
+#   HOSTPROF=1 ...   also time the host side of one kvlab.paged_attention call (profile_host.py)
 #
 # Each step has its own time limit (T_TESTS, T_SANITIZE, T_BENCH seconds) so that one slow
 # step cannot eat the whole call; every suite writes its own folder, so partial results
@@ -58,10 +59,16 @@ if [ -n "${PROFILE:-}" ]; then
     -k regex:paged_attention_decode -c 2 python3 scripts/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
   echo "profile done [$(( $(date +%s) - t0 )) s]: $(grep -cE 'Duration|Memory Throughput' "$OUT/ncu_decode.txt" 2>/dev/null) metric lines"
 fi
+if [ -n "${HOSTPROF:-}" ]; then
+  # host time of one whole kvlab.paged_attention call vs plan / run (scripts/profile_host.py)
+  timeout 120 python3 scripts/profile_host.py > "$OUT/profile_host.txt" 2>&1
+  echo "host profile done [$(( $(date +%s) - t0 )) s]"
+fi
 echo "================ summary ================"
 echo "check: rc=$check_rc  $(tail -1 "$OUT/check.log")"
 echo "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest.log" | tail -1)"
 [ -f "$OUT/sanitize.txt" ] && grep -E "^(memcheck|racecheck|initcheck|synccheck|sanitize rc)" "$OUT/sanitize.txt"
+[ -f "$OUT/profile_host.txt" ] && grep -E "^(whole call|plan only|run only)" "$OUT/profile_host.txt"
 for f in "$OUT"/bench_*/results.md; do
   [ -f "$f" ] && sed -n '/^## /,$p' "$f" | grep -E "^## |b=32|B=32|T=65536|1048576 rows x d=128|4096|131072|prefill" | head -40
 done
