@@ -245,6 +245,52 @@ __device__ __forceinline__ uint32_t k_operand(const uint32_t* kw, int kk, int p,
   }
 }
 
+// Q·K operand of the decode kernel (paged_attention_decode): as k_operand, except int4,
+// which skips half of the shifts. Nibble class i = 2(kk&1)+p of word w = kw[kk>>1] (bits 4i
+// and 16+4i, the dims of qk_dim): i = 0: w & 0x000F000F | 0x6400 -> fp16 1024 + n;
+// i = 1: w & 0x00F000F0 | 0x5400 -> fp16 64 + n (the nibble sits at mantissa bits 4..7 of an
+// fp16 with exponent 2^6, ulp 1/16: exact); i = 2, 3: the same on w >> 8. So the offset of a
+// dim is qk_offset(d) = 1024 (d even) or 64 (d odd), folded as Σ_d q_d·off_d per column.
+// mlo / mhi: the masks 0x000F000F / 0x00F000F0 (parameters so that a caller can hold them in
+// registers: a LOP3 takes one immediate, the other constant needs a register).
+template <int FMT, int D>
+__device__ __forceinline__ uint32_t k_operand_fast(const uint32_t* kw, int kk, int p, uint32_t sf2,
+                                                   uint32_t mlo, uint32_t mhi) {
+  if constexpr (FMT == INT4) {
+    const uint32_t w = kw[kk >> 1];
+    const uint32_t x = (kk & 1) ? (w >> 8) : w;
+    return p ? ((x & mhi) | 0x54005400u) : ((x & mlo) | 0x64006400u);
+  } else {
+    return k_operand<FMT, D>(kw, kk, p, sf2);
+  }
+}
+
+// Offset of dim d in the operands of k_operand_fast: q·K_operand = q·(off_d + code_d).
+template <int FMT>
+__device__ __forceinline__ float qk_offset(int d) {
+  if constexpr (FMT == INT4) return (d & 1) ? 64.f : 1024.f;
+  else if constexpr (FMT == INT8) return 1152.f;
+  else return 0.f;
+}
+
+// Two floats -> the packed 16-bit pair of the mma operand type (lo in bits 0..15), one cvt.
+template <typename CT> __device__ __forceinline__ uint32_t pack_f2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack_f2<__half>(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+template <> __device__ __forceinline__ uint32_t pack_f2<__nv_bfloat16>(float lo, float hi) {
+  __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+
+// 2^x on the SFU (ex2.approx, ~2 ulp; flushes subnormal results to 0; ex2(-inf) = 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 // P·V operand for m-tile j (output dims g·D/8 + 2j + r, r = 0 for rows g, 1 for rows g+8)
 // from the words of two tokens (ta in the low half, tb in the high half).
 // The thread's V row bytes: VB bytes from byte g·VB of the row's code part.
@@ -283,6 +329,21 @@ __device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t
   } else {
     const int m = l >> 1;
     return prmt(wa[m], wb[m], (l & 1) ? 0x7632u : 0x5410u);
+  }
+}
+
+// v_operand with the int4 mask as a run-time value (see k_operand_fast); other formats as
+// v_operand.
+template <int FMT, int D>
+__device__ __forceinline__ uint32_t v_operand_fast(const uint32_t* wa, const uint32_t* wb, int l,
+                                                   uint32_t sf2, uint32_t mlo) {
+  if constexpr (FMT == INT4) {
+    const int m = l >> 3, i = l & 7;
+    const uint32_t z = prmt(wa[m], wb[m], i < 4 ? 0x5410u : 0x7632u);
+    const int s = 4 * (i & 3);
+    return ((z >> s) & mlo) | 0x43004300u;  // bf16 128 + c
+  } else {
+    return v_operand<FMT, D>(wa, wb, l, sf2);
   }
 }
 

@@ -184,6 +184,261 @@ __device__ __forceinline__ void decode_tile_math(
   }
 }
 
+// ---- shared by both decode kernels: the query prologue and the per-column output
+// One query column n (one warp, E = D/32 elements per lane): load, rotate (int4, RHT),
+// prescale by a power of two so that fp16 cannot overflow, round to the Q·K operand type
+// into qrow[0..D) (shared memory). Lane 0 writes Σq (qsum), Σ_d q_d·qk_offset(d) (qoff, the
+// operand offsets of k_operand_fast), the log2 softmax scale over the prescale (cscale) and
+// the KV position of the query token (qpos, -1 for a padding column).
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void stage_query_column(
+    const T* __restrict__ q, int n, int tok0, int hpc, int tpc, int qs, int Lq, int L,
+    int num_q_heads, int qhead0, float scale_log2, int lane, uint16_t* qrow, float* qsum,
+    float* qoff, float* cscale, int* qpos) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
+  constexpr int E = D / 32;
+  const int tok = tok0 + n / hpc;
+  const bool valid = (n < tpc * hpc) && (tok < Lq);
+  const int qhead = qhead0 + n % hpc;
+  float x[E];
+  if (valid) {
+    const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = 0.f;
+  }
+  if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
+  amax = warp_max(amax);
+  float pre = 1.f;
+  if constexpr (sizeof(CTQ) == 2 && !(FMT == AUTO)) {
+    // fp16 operands: scale by 2^-e so that |q| < 2^15 (fp16 max 65504); exact.
+    const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+    pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+  }
+  float s = 0.f, so = 0.f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) {
+    const uint16_t b = bits16<CTQ>(x[j] * pre);
+    qrow[lane * E + j] = b;
+    const float v = from_bits16<CTQ>(b);
+    s += v;
+    so += v * qk_offset<FMT>(lane * E + j);
+  }
+  s = warp_sum(s);
+  so = warp_sum(so);
+  if (lane == 0) {
+    *qsum = s;
+    *qoff = so;
+    *cscale = scale_log2 / pre;
+    *qpos = valid ? (L - Lq + tok) : -1;
+  }
+}
+
+// One output column n (one warp, E elements per lane, unnormalized, V factor applied) with
+// softmax max M and sum Ls: the float32 partial of split `part` at `slot`, or the final row
+// (÷ Ls, int4 inverse rotation) for a valid column.
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void finish_column(
+    float (&x)[D / 32], float M, float Ls, int part, size_t slot, T* __restrict__ out, int n,
+    int tok0, int hpc, int tpc, int qs, int Lq, int num_q_heads, int qhead0,
+    float* __restrict__ ws_o, float* __restrict__ ws_ml, int lane) {
+  constexpr int E = D / 32;
+  if (part >= 0) {
+#pragma unroll
+    for (int j = 0; j < E; ++j) ws_o[slot * D + lane * E + j] = x[j];
+    if (lane == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
+  } else {
+    const float inv = Ls > 0.f ? 1.f / Ls : 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] *= inv;
+    if constexpr (FMT == INT4) inverse_rht_group<E, 32>(x, lane);
+    const int tok = tok0 + n / hpc;
+    if (n < tpc * hpc && tok < Lq) {
+      const int qhead = qhead0 + n % hpc;
+      T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+      for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+    }
+  }
+}
+
+// ---- paged_attention_decode: per-warp tile in the S = Q·K^T orientation
+// The raw bytes of one 16-token tile as a thread of paged_attention_decode holds them
+// (lane = 4g + c): K rows of tokens g, g+8 (KB bytes from byte c·KB), V rows of tokens t0..t3
+// = 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB), one parameter word per lane (int4/int8/
+// fp8: token lane & 15 of side lane >> 4, handed to the lanes that need it by shuffles) and
+// the nvfp4 scales.
+template <int FMT, int D>
+struct HeadRaw {
+  using TR = Traits<FMT, D, __half>;
+  static constexpr int KW = TR::KB / 4, VW = TR::VB / 4;
+  static constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;
+  static constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;
+  uint32_t ka[KW], kb[KW];
+  uint32_t v0[VW], v1[VW], v2[VW], v3[VW];
+  uint32_t par;
+  uint32_t skg[SW], skg8[SW];
+  uint32_t sv[4][NGV];
+};
+
+template <bool B> struct MaskTag { static constexpr bool value = B; };
+
+// Per-thread byte offsets of a tile's loads from the tile's base (fixed for the whole range:
+// a 16-token tile lies in one block, the rows sit at fixed offsets from the block's slab).
+template <int FMT, int D>
+struct HeadOffsets {
+  static constexpr int NGV = HeadRaw<FMT, D>::NGV;
+  uint32_t kg, kg8, v[4], par, skg, skg8, sv[4][NGV];   // unsigned: zero-extended adds
+};
+
+// One warp, one 16-token tile at KV positions p0 .. p0+15, its 8 query columns.
+//   S = Q·K^T as m16 (columns g; rows 8..15 zero) x n8 (tokens) x k = D, two n-tiles: the
+//   accumulators hold (column g, tokens 2c, 2c+1 | 2c+8, 2c+9), which is exactly the B
+//   fragment of O^T += V^T·P^T: P stays in registers, and the softmax of a column is reduced
+//   over the 4 lanes of a quad only (2 shuffles). The accumulator rescale is skipped unless
+//   some column's running max grew (warp vote; exact: the factor would be 1).
+// MASKED: the tile may hold positions past L, after a query position or outside the window
+// (the other tiles skip every bounds and mask test).
+template <int FMT, int D, typename T, bool MASKED>
+__device__ __forceinline__ void head_tile_math(
+    const HeadRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m, float& l, float& z,
+    const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc, int qpos,
+    int L, int window, uint32_t mlo, uint32_t mhi, int lane) {
+  using TR = Traits<FMT, D, T>;
+  using CTQ = typename TR::CT_QK;
+  using CTV = typename TR::CT_PV;
+  constexpr int KC = D / 16;
+  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;
+  constexpr int NGV = HeadRaw<FMT, D>::NGV;
+  const int g = lane >> 2, c = lane & 3;
+
+  // nvfp4 group scales (fp16x2 of sf·2^7)
+  uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
+  if constexpr (FMT == NVFP4) {
+#pragma unroll
+    for (int i = 0; i < NGK; ++i) {
+      const int gi = c * NGK + i;
+      const uint16_t ha = bits16<__half>(e4m3_to_float((pick_word(r.skg, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      const uint16_t hb = bits16<__half>(e4m3_to_float((pick_word(r.skg8, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      sfk_g[i] = pack2(ha, ha);
+      sfk_g8[i] = pack2(hb, hb);
+    }
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) {
+      sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
+      sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
+  }
+
+  // ---- S = Q·K^T. A = the quad {q(kk), q(kk+1)} of two k-chunks: rows g hold chunk kk, rows
+  // g+8 chunk kk+1 (no zero registers). Chunk kk's product lands in rows g of the "even"
+  // accumulators, chunk kk+1's in rows g+8 of the "odd" ones; the rest is discarded.
+  // sl*: tokens 0..7 (n = token g of this thread's K row ka), sh*: tokens 8..15 (kb).
+  float sle[4] = {0.f, 0.f, 0.f, 0.f}, slo[4] = {0.f, 0.f, 0.f, 0.f};
+  float she[4] = {0.f, 0.f, 0.f, 0.f}, sho[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int kk = 0; kk < KC; kk += 2) {
+    const int gi0 = (FMT == NVFP4) ? (kk >> 2) : 0, gi1 = (FMT == NVFP4) ? ((kk + 1) >> 2) : 0;
+    const uint32_t a0 = qa[kk][0], a1 = qa[kk + 1][0], a2 = qa[kk][1], a3 = qa[kk + 1][1];
+    Mma<CTQ>::run(sle, a0, a1, a2, a3, k_operand_fast<FMT, D>(r.ka, kk, 0, sfk_g[gi0], mlo, mhi),
+                  k_operand_fast<FMT, D>(r.ka, kk, 1, sfk_g[gi0], mlo, mhi));
+    Mma<CTQ>::run(she, a0, a1, a2, a3, k_operand_fast<FMT, D>(r.kb, kk, 0, sfk_g8[gi0], mlo, mhi),
+                  k_operand_fast<FMT, D>(r.kb, kk, 1, sfk_g8[gi0], mlo, mhi));
+    Mma<CTQ>::run(slo, a0, a1, a2, a3, k_operand_fast<FMT, D>(r.ka, kk + 1, 0, sfk_g[gi1], mlo, mhi),
+                  k_operand_fast<FMT, D>(r.ka, kk + 1, 1, sfk_g[gi1], mlo, mhi));
+    Mma<CTQ>::run(sho, a0, a1, a2, a3, k_operand_fast<FMT, D>(r.kb, kk + 1, 0, sfk_g8[gi1], mlo, mhi),
+                  k_operand_fast<FMT, D>(r.kb, kk + 1, 1, sfk_g8[gi1], mlo, mhi));
+  }
+  // tokens t0..t3 = 2c, 2c+1, 2c+8, 2c+9
+  const float s[4] = {sle[0] + slo[2], sle[1] + slo[3], she[0] + sho[2], she[1] + sho[3]};
+  const int tt[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+
+  // ---- per-token parameters of t0..t3 (lanes t_i and 16 + t_i hold them) and the scores
+  float x[4], vsc[4], vzp[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float ksc = 1.f, koff = 0.f;
+    vsc[i] = 1.f; vzp[i] = 0.f;
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      const uint32_t wk = __shfl_sync(0xffffffffu, r.par, tt[i]);
+      const uint32_t wv = __shfl_sync(0xffffffffu, r.par, 16 + tt[i]);
+      if constexpr (FMT == INT4) {
+        ksc = __uint_as_float(wk & ~0xFu);
+        koff = static_cast<float>(wk & 0xFu);
+        vsc[i] = __uint_as_float(wv & ~0xFu);
+        vzp[i] = 128.f + static_cast<float>(wv & 0xFu);
+      } else {
+        ksc = __uint_as_float(wk);
+        vsc[i] = __uint_as_float(wv);
+        if constexpr (FMT == FP8) vsc[i] *= FP8_V_P;
+      }
+    }
+    float v;
+    if constexpr (FMT == INT4) v = (s[i] - fmaf(koff, qsum, qoff)) * (ksc * cs);
+    else if constexpr (FMT == INT8 || FMT == FP8) v = (s[i] - qoff) * (ksc * cs);
+    else v = s[i] * kc;
+    if constexpr (MASKED) {
+      const int kp = p0 + tt[i];
+      const bool ok = kp < L && kp <= qpos && (window <= 0 || kp > qpos - window);
+      v = ok ? v : neg_inf();
+    }
+    x[i] = v;
+  }
+
+  // ---- online softmax of column g over the quad's 16 tokens
+  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  if (__any_sync(0xffffffffu, mx > m)) {
+    const float mn = fmaxf(m, mx);
+    const float al = ex2_approx(m - mn);
+    m = mn;
+    l *= al;
+    z *= al;
+    // acc columns are 2c, 2c+1: the factors of lanes 8c (g = 2c) and 8c + 4 (g = 2c + 1)
+    const float a0 = __shfl_sync(0xffffffffu, al, 8 * c);
+    const float a1 = __shfl_sync(0xffffffffu, al, 8 * c + 4);
+#pragma unroll
+    for (int j = 0; j < KC; ++j) {
+      acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
+    }
+  }
+  float e[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) e[i] = ex2_approx(x[i] - m);
+  l += (e[0] + e[1]) + (e[2] + e[3]);
+  // P' = P · (V scale of the token), rounded to the P·V operand type: the B fragment
+  const uint32_t pb0 = pack_f2<CTV>(e[0] * vsc[0], e[1] * vsc[1]);
+  const uint32_t pb1 = pack_f2<CTV>(e[2] * vsc[2], e[3] * vsc[3]);
+  if constexpr (FMT == INT4) {  // Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees
+    z = fmaf(__uint_as_float(pb0 << 16), vzp[0], z);
+    z = fmaf(__uint_as_float(pb0 & 0xFFFF0000u), vzp[1], z);
+    z = fmaf(__uint_as_float(pb1 << 16), vzp[2], z);
+    z = fmaf(__uint_as_float(pb1 & 0xFFFF0000u), vzp[3], z);
+  }
+
+  // ---- O^T += V^T·P^T
+#pragma unroll
+  for (int j = 0; j < KC; ++j) {
+    const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
+    const uint32_t a0 = v_operand_fast<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi], mlo);
+    const uint32_t a1 = v_operand_fast<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi], mlo);
+    const uint32_t a2 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi], mlo);
+    const uint32_t a3 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi], mlo);
+    Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
+  }
+}
+
 template <int FMT, int D, typename T>
 // CTAs per SM the register budget is sized for; KVLAB_DECODE_INT4_MIN_CTAS (an NVRTC -D, see
 // KVLAB_NVRTC_OPTIONS in kvlab/cuda/loader.py) overrides the int4 value for experiments.
@@ -199,22 +454,21 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
                        float scale_log2, float k_scale, float v_scale, int window, int swizzle_v,
                        float* __restrict__ ws_o, float* __restrict__ ws_ml) {
   using TR = Traits<FMT, D, T>;
-  using CTQ = typename TR::CT_QK;
-  using CTV = typename TR::CT_PV;
+  using Raw = HeadRaw<FMT, D>;
+  using Off = HeadOffsets<FMT, D>;
   static_assert(D == 64 || D == 128 || D == 256, "head sizes 64, 128, 256");
   constexpr int E = D / 32;        // elements per lane in the prologue / epilogue
   constexpr int KC = D / 16;       // k-chunks of Q·K, m-tiles of P·V
-  constexpr int KW = TR::KB / 4;   // K words per thread per token
-  constexpr int VW = TR::VB / 4;   // V words per thread per token
-  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;            // nvfp4 K groups per thread
-  constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;  // V groups per thread
-  constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;             // nvfp4 scale-row words
+  constexpr int KW = Raw::KW, VW = Raw::VW;
+  constexpr int NGV = Raw::NGV;
+  constexpr int S = D / 16;        // nvfp4 scales per row
   constexpr bool PREFETCH = (2 * KW + 4 * VW) <= 32;          // two raw tiles fit in registers
+  // bytes per (token, head) of the part holding the codes: the whole row, or nvfp4's data
+  constexpr int DROW = (FMT == NVFP4) ? D / 2 : TR::ROW;
 
   __shared__ __align__(16) uint16_t q_sm[NCOL * D];
-  __shared__ float qsum_sm[NCOL], cscale_sm[NCOL];
+  __shared__ float qsum_sm[NCOL], qoff_sm[NCOL], cscale_sm[NCOL];
   __shared__ int qpos_sm[NCOL];
-  __shared__ __align__(16) uint16_t p_sm[NW][NCOL * 16];
   __shared__ __align__(16) float o_sm[NW][NCOL * D];
   __shared__ float m_sm[NW][NCOL], l_sm[NW][NCOL];
 
@@ -222,66 +476,34 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   const int g = lane >> 2, c = lane & 3;
   const int* it = items + ITEM * blockIdx.x;
   const int seq = it[0], tok0 = it[1], kv_lo = it[2], kv_hi = it[3], part = it[4];
-  const int G = num_q_heads / num_kv_heads;
+  const int H = num_kv_heads;
+  const int G = num_q_heads / H;
   const int nhg = G / hpc;
   const int kvh = blockIdx.y / nhg, hg = blockIdx.y % nhg;
+  const int qhead0 = kvh * G + hg * hpc;
   const int qs = query_start_loc[seq];
   const int Lq = query_start_loc[seq + 1] - qs;
   const int L = seq_lens[seq];
   const int BS = 1 << bs_log2;
 
   // ---- prologue: query columns -> shared memory (rotated for int4, prescaled, rounded)
-  for (int n = warp; n < NCOL; n += NW) {
-    const int tok = tok0 + n / hpc;
-    const bool valid = (n < tpc * hpc) && (tok < Lq);
-    const int qhead = kvh * G + hg * hpc + n % hpc;
-    float x[E];
-    if (valid) {
-      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = 0.f;
-    }
-    if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
-    amax = warp_max(amax);
-    float pre = 1.f;
-    if constexpr (sizeof(CTQ) == 2 && !(FMT == AUTO)) {
-      // fp16 operands: scale by 2^-e so that |q| < 2^15 (fp16 max 65504); exact.
-      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
-    }
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const uint16_t b = bits16<CTQ>(x[j] * pre);
-      q_sm[n * D + lane * E + j] = b;
-      s += from_bits16<CTQ>(b);
-    }
-    s = warp_sum(s);
-    if (lane == 0) {
-      qsum_sm[n] = s;
-      cscale_sm[n] = scale_log2 / pre;
-      qpos_sm[n] = valid ? (L - Lq + tok) : -1;
-    }
-  }
+  for (int n = warp; n < NCOL; n += NW)
+    stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, qhead0,
+                                  scale_log2, lane, q_sm + n * D, &qsum_sm[n], &qoff_sm[n],
+                                  &cscale_sm[n], &qpos_sm[n]);
   __syncthreads();
 
-  // Q^T operand (column g), in the dim order of the K operand
-  uint32_t qf[KC][2];
+  // Q operand (A fragment, row g = column g; rows 8..15 are zero), in the dim order of K
+  uint32_t qa[KC][2];
 #pragma unroll
   for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
     for (int p = 0; p < 2; ++p)
-      qf[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+      qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
                         q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
-  const float qsum0 = qsum_sm[2 * c], qsum1 = qsum_sm[2 * c + 1];
-  const float cs0 = cscale_sm[2 * c], cs1 = cscale_sm[2 * c + 1];
-  const int qpos0 = qpos_sm[2 * c], qpos1 = qpos_sm[2 * c + 1];
+  const float qsum = qsum_sm[g], qoff = qoff_sm[g], cs = cscale_sm[g];
+  const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
+  const int qpos = qpos_sm[g];
 
   // KV range of this CTA: its split, cut to what the columns can see
   int pmax = -1, pmin = 0x7fffffff;
@@ -294,104 +516,140 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   if (window > 0) lo = max(lo, pmin - window + 1);
   const int lo16 = lo & ~15;
   const int ntiles = hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;
+  // Tiles [tf0, tf1) need no bounds or mask test: every position < L, ≤ every query position
+  // and inside every column's window. The others (the last one, causal or window edges) do.
+  const int tend = (pmin < L ? pmin + 1 : L) - lo16;
+  int tf1 = tend > 0 ? min(tend >> 4, ntiles) : 0;
+  int tf0 = 0;
+  if (window > 0) {
+    const int wlo = pmax - window - lo16;   // full iff p0 > pmax - window
+    tf0 = wlo >= 0 ? min(wlo / 16 + 1, ntiles) : 0;
+  }
+  tf1 = max(tf1, tf0);
 
   float acc[KC][4];
 #pragma unroll
   for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+  float m = NEG_BIG, l = 0.f, z = 0.f;
 
-  const size_t side_stride = static_cast<size_t>(BS) * num_kv_heads * TR::ROW;  // one (block, side) slab
+  // ---- this thread's load offsets within a tile (bytes from the tile's row 0 of the K side)
+  const int side = BS * H * TR::ROW;                 // one (block, side) slab
+  const size_t slab2 = static_cast<size_t>(2) * side;
+  const int HR = H * DROW;                            // one token of the code part
+  const int sbase = BS * H * (D / 2);                 // nvfp4: scale part of a slab
+  const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  Off of;
+  of.kg = (g * H + kvh) * DROW + c * TR::KB;
+  of.kg8 = of.kg + 8 * HR;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) of.v[i] = side + (t4[i] * H + kvh) * DROW + g * TR::VB;
+  {
+    constexpr int OFF = (FMT == INT4) ? D / 2 : D;   // parameter word after the codes
+    of.par = (lane >> 4) * side + ((lane & 15) * H + kvh) * TR::ROW + OFF;
+  }
+  if constexpr (FMT == NVFP4) {   // relative to the slab's scale part at token o
+    of.skg = sbase + (g * H + kvh) * S;
+    of.skg8 = sbase + ((g + 8) * H + kvh) * S;
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) {
+      const int grp = (g * (D / 8)) / 16 + i;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        int tt = t4[k], gg = grp;   // tiles start at a multiple of 16: the swizzle is local
+        if (swizzle_v) {            // SPEC 2.3 V-scale swizzle (vLLM SM100 order)
+          const int qq = S / 4;
+          const int ts = (tt / 4) * 4 + grp / qq;
+          gg = (grp % qq) * 4 + tt % 4;
+          tt = ts;
+        }
+        of.sv[k][i] = side + sbase + (tt * H + kvh) * S + gg;
+      }
+    }
+  }
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
+  // int4 nibble masks (k_operand_fast / v_operand_fast). Tried: making them opaque to ptxas
+  // (OR-ing a run-time zero) — ptxas then splits each operand into two LOP3 instead of a
+  // LOP3 and a MOV of the constant: no gain.
+  const uint32_t mlo = 0x000F000Fu, mhi = 0x00F000F0u;
 
-  using Raw = DecodeRaw<FMT, D>;
-  const int tg = g, tg8 = g + 8;
-  const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
-  const size_t sbase = static_cast<size_t>(BS) * num_kv_heads * (D / 2);  // nvfp4 scale part of a slab
-
-  auto tile_load = [&](Raw& r, int t) {
+  auto tile_load = [&](Raw& r, int t, auto masked_tag) {
+    constexpr bool MK = decltype(masked_tag)::value;
     const int p0 = lo16 + 16 * t;
     const int blk = bt[p0 >> bs_log2];
     const int o = p0 & (BS - 1);
-    const uint8_t* kslab = cache + static_cast<size_t>(blk) * 2 * side_stride;
-    const uint8_t* vslab = kslab + side_stride;
-    auto data_ptr = [&](const uint8_t* slab, int rr) -> const uint8_t* {
-      const size_t row = static_cast<size_t>(o + rr) * num_kv_heads + kvh;
-      if constexpr (FMT == NVFP4) return slab + row * (D / 2);
-      else return slab + row * TR::ROW;
-    };
-    const bool in_g = p0 + tg < L, in_g8 = p0 + tg8 < L;
-    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg) + c * TR::KB, r.ka, in_g);
-    load_words<TR::KB, TR::ALIGN>(data_ptr(kslab, tg8) + c * TR::KB, r.kb, in_g8);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t0) + g * TR::VB, r.v0, p0 + t0 < L);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t1) + g * TR::VB, r.v1, p0 + t1 < L);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t2) + g * TR::VB, r.v2, p0 + t2 < L);
-    load_words<TR::VB, TR::ALIGN>(data_ptr(vslab, t3) + g * TR::VB, r.v3, p0 + t3 < L);
+    const uint8_t* slab = cache + static_cast<size_t>(blk) * slab2;
+    const uint8_t* base = slab + static_cast<uint32_t>(o * HR);
+    const bool in_g = !MK || p0 + g < L, in_g8 = !MK || p0 + g + 8 < L;
+    load_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
+    load_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
-      r.pkg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg) + OFF)) : 0u;
-      r.pkg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(kslab, tg8) + OFF)) : 0u;
-      r.pvg = in_g ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg) + OFF)) : 0u;
-      r.pvg8 = in_g8 ? __ldg(reinterpret_cast<const unsigned*>(data_ptr(vslab, tg8) + OFF)) : 0u;
-    } else if constexpr (FMT == NVFP4) {
-      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg) * num_kv_heads + kvh) * (D / 16), r.skg, in_g);
-      load_words<D / 16, 4>(kslab + sbase + (static_cast<size_t>(o + tg8) * num_kv_heads + kvh) * (D / 16), r.skg8, in_g8);
-      constexpr int S = D / 16;
+      const bool ok = !MK || p0 + (lane & 15) < L;
+      r.par = ok ? __ldg(reinterpret_cast<const unsigned*>(base + of.par)) : 0u;
+    } else {
+      r.par = 0u;
+    }
+    if constexpr (FMT == NVFP4) {
+      const uint8_t* sb = slab + static_cast<uint32_t>(o * (H * S));
+      load_words<S, 4>(sb + of.skg, r.skg, in_g);
+      load_words<S, 4>(sb + of.skg8, r.skg8, in_g8);
 #pragma unroll
-      for (int i = 0; i < NGV; ++i) {
-        const int grp = (g * (D / 8)) / 16 + i;
+      for (int i = 0; i < NGV; ++i)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int rr = (k == 0) ? t0 : (k == 1) ? t1 : (k == 2) ? t2 : t3;
-          int tt = o + rr, gg = grp;
-          if (swizzle_v) {  // SPEC 2.3 V-scale swizzle (vLLM SM100 order)
-            const int qq = S / 4;
-            const int ts = (tt / 4) * 4 + grp / qq;
-            gg = (grp % qq) * 4 + tt % 4;
-            tt = ts;
-          }
-          r.sv[k][i] = (p0 + rr < L)
-              ? static_cast<uint32_t>(__ldg(vslab + sbase + (static_cast<size_t>(tt) * num_kv_heads + kvh) * S + gg))
-              : 0u;
-        }
-      }
+        for (int k = 0; k < 4; ++k)
+          r.sv[k][i] = (!MK || p0 + t4[k] < L) ? static_cast<uint32_t>(__ldg(sb + of.sv[k][i])) : 0u;
     }
   };
-
-  auto tile_math = [&](const Raw& r, int t) {
-    decode_tile_math<FMT, D, T>(r, lo16 + 16 * t, acc, m0, m1, l0, l1, z0, z1, qf, qsum0, qsum1,
-                                cs0, cs1, qpos0, qpos1, L, window, k_scale, p_sm[warp], lane);
+  using Full = MaskTag<false>;
+  using Edge = MaskTag<true>;
+  auto tile_math = [&](const Raw& r, int t, auto masked_tag) {
+    constexpr bool MK = decltype(masked_tag)::value;
+    head_tile_math<FMT, D, T, MK>(r, lo16 + 16 * t, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos,
+                                  L, window, mlo, mhi, lane);
   };
 
-  // Software pipeline: the next tile's loads are in flight while this tile is computed
-  // (formats whose raw tile fits in ~40 registers; the others load and compute in turn).
+  // ---- full tiles [tf0, tf1), warp w takes tf0 + w, tf0 + w + NW, ... Software pipeline:
+  // the next tile's loads are in flight while this tile is computed (formats whose raw tile
+  // fits in ~40 registers; the others load and compute in turn).
   if constexpr (PREFETCH) {
     Raw cur, nxt;
-    int t = warp;
-    if (t < ntiles) tile_load(cur, t);
-    for (; t < ntiles; t += 2 * NW) {
-      if (t + NW < ntiles) tile_load(nxt, t + NW);
-      tile_math(cur, t);
-      if (t + NW >= ntiles) break;
-      if (t + 2 * NW < ntiles) tile_load(cur, t + 2 * NW);
-      tile_math(nxt, t + NW);
+    int t = tf0 + warp;
+    if (t < tf1) tile_load(cur, t, Full{});
+    for (; t < tf1; t += 2 * NW) {
+      if (t + NW < tf1) tile_load(nxt, t + NW, Full{});
+      tile_math(cur, t, Full{});
+      if (t + NW >= tf1) break;
+      if (t + 2 * NW < tf1) tile_load(cur, t + 2 * NW, Full{});
+      tile_math(nxt, t + NW, Full{});
     }
   } else {
-    for (int t = warp; t < ntiles; t += NW) {
+    for (int t = tf0 + warp; t < tf1; t += NW) {
       Raw cur;
-      tile_load(cur, t);
-      tile_math(cur, t);
+      tile_load(cur, t, Full{});
+      tile_math(cur, t, Full{});
+    }
+  }
+  // ---- edge tiles [0, tf0) and [tf1, ntiles), with bounds and masks
+  {
+    const int nedge = tf0 + (ntiles - tf1);
+    for (int i = warp; i < nedge; i += NW) {
+      const int t = i < tf0 ? i : tf1 + (i - tf0);
+      Raw cur;
+      tile_load(cur, t, Edge{});
+      tile_math(cur, t, Edge{});
     }
   }
 
-  // ---- merge the lanes' partial sums, then the warps
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    z0 += __shfl_xor_sync(0xffffffffu, z0, off);
-    z1 += __shfl_xor_sync(0xffffffffu, z1, off);
-  }
+  // ---- merge the quad's partial sums (column g), then the warps
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  z += __shfl_xor_sync(0xffffffffu, z, 1);
+  z += __shfl_xor_sync(0xffffffffu, z, 2);
   {
+    const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
     float* ow = o_sm[warp];
 #pragma unroll
     for (int j = 0; j < KC; ++j) {
@@ -399,60 +657,29 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
       *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
       *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
     }
-    if (g == 0) {
-      m_sm[warp][2 * c] = m0; m_sm[warp][2 * c + 1] = m1;
-      l_sm[warp][2 * c] = l0; l_sm[warp][2 * c + 1] = l1;
-    }
+    if (c == 0) { m_sm[warp][g] = m; l_sm[warp][g] = l; }
   }
   __syncthreads();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  for (int idx = tid; idx < NCOL * D; idx += NW * 32) {
-    const int n = idx / D, dim = idx - n * D;
+  for (int n = warp; n < NCOL; n += NW) {
     float M = m_sm[0][n];
 #pragma unroll
     for (int w = 1; w < NW; ++w) M = fmaxf(M, m_sm[w][n]);
-    float O = 0.f, Ls = 0.f;
+    float x[E], Ls = 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = 0.f;
 #pragma unroll
     for (int w = 0; w < NW; ++w) {
-      const float f = exp2f(m_sm[w][n] - M);
-      O += o_sm[w][n * D + dim] * f;
+      const float f = ex2_approx(m_sm[w][n] - M);
       Ls += l_sm[w][n] * f;
-    }
-    O *= vfac;
-    if (part >= 0) {
-      const size_t slot = (static_cast<size_t>(part) * gridDim.y + blockIdx.y) * NCOL + n;
-      ws_o[slot * D + dim] = O;
-      if (dim == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
-    } else {
-      const float v = Ls > 0.f ? O / Ls : 0.f;
-      if constexpr (FMT == INT4) {
-        o_sm[0][n * D + dim] = v;  // only this thread touches (n, dim)
-      } else {
-        const int tok = tok0 + n / hpc;
-        if (n < tpc * hpc && tok < Lq) {
-          const int qhead = kvh * G + hg * hpc + n % hpc;
-          out[(static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + dim] = from_float<T>(v);
-        }
-      }
-    }
-  }
-  if constexpr (FMT == INT4) {
-    if (part < 0) {
-      __syncthreads();
-      for (int n = warp; n < NCOL; n += NW) {
-        float x[E];
 #pragma unroll
-        for (int j = 0; j < E; ++j) x[j] = o_sm[0][n * D + lane * E + j];
-        inverse_rht_group<E, 32>(x, lane);
-        const int tok = tok0 + n / hpc;
-        if (n < tpc * hpc && tok < Lq) {
-          const int qhead = kvh * G + hg * hpc + n % hpc;
-          T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-          for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
-        }
-      }
+      for (int j = 0; j < E; ++j) x[j] += o_sm[w][n * D + lane * E + j] * f;
     }
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] *= vfac;
+    const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * gridDim.y + blockIdx.y) * NCOL + n;
+    finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
+                             qhead0, ws_o, ws_ml, lane);
   }
 }
 
@@ -557,7 +784,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   constexpr int DROW = (FMT == NVFP4) ? D / 2 : ROW;
 
   extern __shared__ __align__(16) uint8_t dsm[];
-  __shared__ float qsum_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
+  __shared__ float qsum_sm[PG_MAXW][NCOL], qoff_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
   __shared__ float mo_sm[PG_MAXW][NCOL], lo_sm[PG_MAXW][NCOL];
   __shared__ int qpos_sm[PG_MAXW][NCOL];
   __shared__ __align__(16) uint16_t p_sm[PG_MAXW][NCOL * 16];
@@ -580,43 +807,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // ---- prologue: this warp's 8 query columns (as paged_attention_decode), staged in the
   // dynamic buffer before any cp.async is issued
   uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
-  for (int n = 0; n < NCOL; ++n) {
-    const int tok = tok0 + n / hpc;
-    const bool valid = (n < tpc * hpc) && (tok < Lq);
-    const int qhead = kvh * G + hg * hpc + n % hpc;
-    float x[E];
-    if (valid) {
-      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-    } else {
-#pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = 0.f;
-    }
-    if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
-    float amax = 0.f;
-#pragma unroll
-    for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
-    amax = warp_max(amax);
-    float pre = 1.f;
-    if constexpr (sizeof(CTQ) == 2 && !(FMT == AUTO)) {
-      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
-    }
-    float s = 0.f;
-#pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const uint16_t b = bits16<CTQ>(x[j] * pre);
-      q_sm[n * D + lane * E + j] = b;
-      s += from_bits16<CTQ>(b);
-    }
-    s = warp_sum(s);
-    if (lane == 0) {
-      qsum_sm[warp][n] = s;
-      cscale_sm[warp][n] = scale_log2 / pre;
-      qpos_sm[warp][n] = valid ? (L - Lq + tok) : -1;
-    }
-  }
+  for (int n = 0; n < NCOL; ++n)
+    stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
+                                  scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
+                                  &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
   __syncwarp();
   uint32_t qf[KC][2];
 #pragma unroll
@@ -786,22 +980,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     float x[E];
 #pragma unroll
     for (int j = 0; j < E; ++j) x[j] = ow[n * D + lane * E + j] * vfac;
-    if (part >= 0) {
-      const size_t slot = (static_cast<size_t>(part) * ny + cg) * NCOL + n;
-#pragma unroll
-      for (int j = 0; j < E; ++j) ws_o[slot * D + lane * E + j] = x[j];
-      if (lane == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
-    } else {
-#pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = Ls > 0.f ? x[j] / Ls : 0.f;
-      if constexpr (FMT == INT4) inverse_rht_group<E, 32>(x, lane);
-      const int tok = tok0 + n / hpc;
-      if (n < tpc * hpc && tok < Lq) {
-        const int qhead = kvh * G + hg * hpc + n % hpc;
-        T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-        for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
-      }
-    }
+    const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
+    finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
+                             kvh * G + hg * hpc, ws_o, ws_ml, lane);
   }
 }
