@@ -1,6 +1,7 @@
 """kvlab command line: ``python -m kvlab {check,demo,bench,report}``.
 
-Bad arguments become one-line messages and exit code 2, never a traceback.
+Bad arguments become one-line messages and exit code 2, never a traceback; a missing GPU for
+``bench`` is exit code 1 with one line.
 """
 from __future__ import annotations
 
@@ -8,21 +9,58 @@ import argparse
 import sys
 
 
+def check_output_dir(path, name: str = "--out"):
+    """``path`` is a folder that exists or can be created, and is writable; ValueError otherwise.
+
+    Checked before a long run starts, so a bad folder fails in a second, not after minutes.
+    """
+    import os
+    from pathlib import Path
+
+    p = Path(path)
+    if str(path).strip() == "":
+        raise ValueError(f"{name}: expected a folder, got an empty path")
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{name}: expected a folder, got the existing file {str(p)!r}")
+    parent = p
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise ValueError(f"{name}: cannot create {str(p)!r}: {str(parent)!r} is a file, not a folder")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise ValueError(f"{name}: folder {str(parent)!r} is not writable (needed for {str(p)!r})")
+    return p
+
+
 def _demo(args) -> int:
-    """Round trip a random batch through every format with the reference (or the GPU if present)."""
+    """Round trip a random batch through every format (or the ``--format`` ones) with the reference."""
     import numpy as np
 
     import kvlab
     from kvlab.arrays import NUMPY_BF16
+    from kvlab.checks import check_int
 
+    if args.seed < 0:
+        raise ValueError(f"--seed: expected an int >= 0, got {args.seed}")
+    T = check_int(args.tokens, "--tokens", lo=1, hi=1 << 20)
+    H = check_int(args.heads, "--heads", lo=1, hi=256)
+    d = args.head_size
+    bs = check_int(args.block_size, "--block-size", lo=1, hi=4096)
+    names = list(dict.fromkeys(args.format or kvlab.FORMAT_NAMES))
+    for n in names:
+        if n not in kvlab.FORMAT_NAMES:
+            raise ValueError(f"--format: expected one of {list(kvlab.FORMAT_NAMES)}, got {n!r}")
+    for n in names:  # every format's own rules (supported head sizes, block sizes), named after the option
+        fmt = kvlab.get_format(n)
+        fmt.check_head_size(d, "--head-size")
+        fmt.check_block_size(bs, d)
     rng = np.random.default_rng(args.seed)
-    T, H, d, bs = 64, 8, 128, 16
     nb = T // bs + 1
     key = rng.standard_normal((T, H, d)).astype(NUMPY_BF16)
     value = rng.standard_normal((T, H, d)).astype(NUMPY_BF16)
     slots = rng.permutation(nb * bs)[:T].astype(np.int64)
     print(f"{'format':22s} {'bytes/row':>9s} {'bits/elem':>9s} {'K rel. err':>11s} {'V rel. err':>11s}")
-    for name in kvlab.FORMAT_NAMES:
+    for name in names:
         fmt = kvlab.get_format(name)
         cache = kvlab.allocate_cache(name, nb, bs, H, d, like=key)
         kvlab.reshape_and_cache(key, value, cache, slots, kv_cache_dtype=name)
@@ -44,6 +82,11 @@ def main(argv=None) -> int:
     c.add_argument("--quiet", action="store_true", help="one line per family")
     d = sub.add_parser("demo", help="round trip random data through every format")
     d.add_argument("--seed", type=int, default=0)
+    d.add_argument("--format", action="append", help="format(s) to run (default: every format)")
+    d.add_argument("--tokens", type=int, default=64, help="tokens (default 64)")
+    d.add_argument("--heads", type=int, default=8, help="KV heads (default 8)")
+    d.add_argument("--head-size", type=int, default=128, help="head size (default 128)")
+    d.add_argument("--block-size", type=int, default=16, help="tokens per cache block (default 16)")
     b = sub.add_parser("bench", help="benchmark the kernels against the copy bandwidth and torch")
     b.add_argument("suites", nargs="*", help="suites to run (default: all)")
     b.add_argument("--out", default="benchmarks/latest", help="folder for JSON and Markdown results")
@@ -55,21 +98,27 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         if args.cmd == "check":
-            from kvlab.cli_check import run_check
+            from kvlab.cli_check import check_archs, run_check
 
-            return run_check(tuple(args.arch or ("sm_90", "sm_80")), verbose=not args.quiet)
+            return run_check(check_archs(args.arch or ("sm_90", "sm_80")), verbose=not args.quiet)
         if args.cmd == "demo":
             return _demo(args)
         if args.cmd == "bench":
             from kvlab.bench.cli import main as bench_main
 
+            check_output_dir(args.out)
             return bench_main(args)
         if args.cmd == "report":
             from kvlab.lab.report import main as report_main
 
+            check_output_dir(args.out)
+            if args.model is not None and not args.model.strip():
+                raise ValueError("--model: expected a Hugging Face model id or a folder, got an empty string")
             return report_main(args)
-    except (ValueError, TypeError, FileNotFoundError, ImportError) as e:
-        print(f"kvlab {args.cmd}: error: {e}", file=sys.stderr)
+    except (ValueError, TypeError, OSError, ImportError) as e:
+        # OSError covers FileNotFoundError, PermissionError, a full disk …: one line, never a traceback
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"kvlab {args.cmd}: error: {msg}", file=sys.stderr)
         return 2
     return 1
 

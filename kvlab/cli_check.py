@@ -52,6 +52,30 @@ def gpu_name() -> str | None:
         return None
 
 
+def check_archs(archs) -> tuple:
+    """``--arch`` values as a tuple, each ``sm_<NN>`` (optionally with an ``a``/``f`` suffix) that this
+    NVRTC supports; ValueError naming ``--arch`` otherwise (before any compile)."""
+    import re
+
+    supported = None
+    try:
+        from cupy.cuda import nvrtc
+
+        supported = tuple(int(a) for a in nvrtc.getSupportedArchs())
+    except Exception:  # no NVRTC here: the format is still checked, the compile reports the rest
+        pass
+    out = []
+    for a in archs:
+        m = re.fullmatch(r"sm_(\d{2,3})[af]?", str(a))
+        if m is None:
+            raise ValueError(f"--arch: expected sm_<NN> (e.g. sm_90, sm_80), got {a!r}")
+        if supported is not None and int(m.group(1)) not in supported:
+            raise ValueError(f"--arch: expected one of {['sm_%d' % v for v in supported]} (what this NVRTC "
+                             f"supports), got {a!r}")
+        out.append(str(a))
+    return tuple(out)
+
+
 def run_check(archs=("sm_90", "sm_80"), verbose: bool = True) -> int:
     """Print the environment and compile every family for every arch. Returns the exit code."""
     from .cuda import loader

@@ -4,11 +4,16 @@
   they are skipped with a reason (CI has no GPU).
 * ``rng`` gives each test fresh random inputs from a seed printed on failure
   (set ``KVLAB_TEST_SEED`` to replay one).
+* Crash-prone GPU modules (``tests/gpu/isolated.py: ISOLATED_MODULES``) run once, in a fresh
+  subprocess started by ``tests/gpu/test_isolated_gpu.py``: when that runner is collected, their
+  tests are deselected here (and run in the child, which sets ``KVLAB_ISOLATED_CHILD=1``). Named
+  alone on the command line, such a module runs in-process as usual.
 """
 from __future__ import annotations
 
 import os
 import secrets
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -26,7 +31,32 @@ def _gpu_available() -> bool:
 GPU = _gpu_available()
 
 
+def _deselect_isolated(config, items):
+    """Drop the tests of isolated modules when their subprocess runner is collected (not in the child)."""
+    from tests.gpu.isolated import ISOLATED_MODULES, RUNNER, is_child
+
+    if is_child():
+        return
+    root = Path(str(config.rootpath))
+
+    def rel(item):
+        try:
+            return Path(str(item.path)).resolve().relative_to(root.resolve()).as_posix()
+        except ValueError:
+            return ""
+
+    if not any(rel(i) == RUNNER for i in items):
+        return
+    keep, drop = [], []
+    for item in items:
+        (drop if rel(item) in ISOLATED_MODULES else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
 def pytest_collection_modifyitems(config, items):
+    _deselect_isolated(config, items)
     if GPU:
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU (none visible to CuPy)")

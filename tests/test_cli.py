@@ -1,6 +1,9 @@
 """The command line: check compiles every kernel, demo round-trips, errors are one line."""
 import subprocess
 import sys
+import time
+
+import pytest
 
 
 def run(*args, timeout=600):
@@ -45,3 +48,90 @@ def test_bad_arguments_are_one_line_errors():
     assert "Traceback" not in r.stderr
     r = run("frobnicate")
     assert r.returncode == 2 and "Traceback" not in r.stderr
+
+
+# ---- bad arguments: one line naming the option, exit code 2 (1 for a missing GPU), nothing run ----
+def _one_line_error(r, cmd, *words):
+    err = r.stderr.strip()
+    assert "Traceback" not in r.stderr, r.stderr
+    assert len(err.splitlines()) == 1, err
+    assert err.startswith(f"kvlab {cmd}: "), err
+    for w in words:
+        assert w in err, (w, err)
+    return err
+
+
+def test_check_rejects_a_bad_arch_before_compiling():
+    for arch, words in (("sm_12345", ("--arch", "'sm_12345'")), ("hopper", ("--arch", "'hopper'")),
+                        ("sm_10", ("--arch", "'sm_10'"))):
+        r = run("check", "--arch", arch, timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        _one_line_error(r, "check", *words)
+        assert "instantiation" not in r.stdout  # nothing was compiled
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--format", "int5"), ("--format", "'int5'", "int4_per_token_head")),
+    (("--head-size", "100"), ("--head-size", "100")),
+    (("--tokens", "0"), ("--tokens", "0")),
+    (("--heads", "-2"), ("--heads", "-2")),
+    (("--block-size", "0"), ("--block-size", "0")),
+    (("--seed", "-1"), ("--seed", "-1")),
+])
+def test_demo_rejects(capsys, args, words):
+    from kvlab.__main__ import main
+
+    assert main(["demo", *args]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""  # nothing ran
+    err = out.err.strip()
+    assert len(err.splitlines()) == 1 and err.startswith("kvlab demo: error: "), err
+    for w in words:
+        assert w in err, (w, err)
+
+
+def test_demo_with_one_format_and_small_sizes(capsys):
+    from kvlab.__main__ import main
+
+    assert main(["demo", "--format", "nvfp4", "--tokens", "5", "--heads", "2", "--head-size", "64"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 2 and lines[1].split()[0] == "nvfp4" and lines[1].split()[1] == "36"
+
+
+@pytest.mark.parametrize("cmd", ["report", "bench"])
+def test_bad_output_folder_fails_at_once(tmp_path, cmd):
+    f = tmp_path / "a_file"
+    f.write_text("x")
+    for out, words in ((f, ("--out", "existing file")), (f / "sub", ("--out", "is a file"))):
+        t0 = time.time()
+        r = run(cmd, "--quick", "--out", str(out), timeout=120)
+        assert r.returncode == 2, r.stdout + r.stderr
+        _one_line_error(r, cmd, *words)
+        assert time.time() - t0 < 60  # before loading a model or touching a GPU
+    assert f.read_text() == "x"
+
+
+def test_report_rejects_an_empty_model_name(capsys, tmp_path):
+    from kvlab.__main__ import main
+
+    assert main(["report", "--quick", "--model", " ", "--out", str(tmp_path / "r")]) == 2
+    assert "--model" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_bench_rejects_an_unknown_suite_with_or_without_gpu(tmp_path):
+    r = run("bench", "nosuchsuite", "--out", str(tmp_path / "b"), timeout=120)
+    assert r.returncode == 2
+    _one_line_error(r, "bench", "nosuchsuite", "write")
+    assert not (tmp_path / "b").exists()
+
+
+def test_bench_without_gpu_is_one_line_and_exit_1(tmp_path):
+    from kvlab.bench.cli import gpu_or_none
+
+    if gpu_or_none() is not None:
+        pytest.skip("a GPU is visible: the no-GPU path cannot be exercised here")
+    r = run("bench", "write", "--quick", "--out", str(tmp_path / "b"), timeout=120)
+    assert r.returncode == 1
+    _one_line_error(r, "bench", "no CUDA GPU")
+    assert not (tmp_path / "b").exists()

@@ -158,17 +158,19 @@ def markdown(rows, env) -> str:
 
 
 def main(args) -> int:
+    # arguments first (they do not need a GPU), then the GPU
+    suites = discover()
+    wanted = list(dict.fromkeys(args.suites)) or list(suites)
+    unknown = [s for s in wanted if s not in suites]
+    if unknown:
+        print(f"kvlab bench: error: suites: unknown suite(s) {unknown}; available: {list(suites)}",
+              file=sys.stderr)
+        return 2
     gpu = gpu_or_none()
     if gpu is None:
         print("kvlab bench: no CUDA GPU visible to CuPy; the benchmarks need one "
               "(kernels still compile here: python -m kvlab check)", file=sys.stderr)
         return 1
-    suites = discover()
-    wanted = list(args.suites) or list(suites)
-    unknown = [s for s in wanted if s not in suites]
-    if unknown:
-        print(f"kvlab bench: unknown suite(s) {unknown}; available: {list(suites)}", file=sys.stderr)
-        return 2
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     env = environment(gpu)

@@ -58,9 +58,10 @@ def capture_kv(lm, input_ids) -> KVCapture:
     import torch
     from transformers import DynamicCache
 
-    ids = np.asarray(input_ids.cpu() if hasattr(input_ids, "cpu") else input_ids, dtype=np.int64)
-    if ids.ndim != 1 or ids.size < 1:
-        raise ValueError(f"input_ids: expected a 1-D window of token ids, got shape {ids.shape}")
+    from .metrics import _check_lm, check_token_ids
+
+    _check_lm(lm)
+    ids = check_token_ids(input_ids, "input_ids", lm, 1)
     model = lm.model
     mods = attention_modules(model)
     d = lm.head_dim

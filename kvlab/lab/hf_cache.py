@@ -31,12 +31,16 @@ positions are taken as ``0, 1, …``).
 """
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 from .. import api
+from ..arrays import NUMPY_BF16
 from ..formats import FORMAT_NAMES
+from .model import LoadedModel
 from .recipes import Calibration, Recipe, format_recipe, roundtrip_side
 from .rope import apply_rope, rope_cos_sin, undo_rope
 
@@ -52,8 +56,20 @@ def _cuda_ops_available() -> bool:
         return False
 
 
+#: dtypes of key/value states the cache accepts (the model's activations)
+_STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to("cpu", torch.float32).numpy()
+
+
+def _to_numpy_same_dtype(t: torch.Tensor) -> np.ndarray:
+    """A host copy in the tensor's own dtype (bf16 as ml_dtypes' bfloat16: NumPy has none)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return np.ascontiguousarray(t.view(torch.int16).numpy()).view(NUMPY_BF16)
+    return np.ascontiguousarray(t.numpy())
 
 
 class KVLabLayer(DynamicLayer):
@@ -70,18 +86,66 @@ class KVLabLayer(DynamicLayer):
         self.cumulative_length = 0
         self.stored: list = []
         self._pending_k = None  # storage-domain float32 numpy (batch, tokens, heads, d)
+        self._k_tail = None     # dequantized keys of the pending group, model dtype (batch, heads, tokens, d)
+        self._geometry = None   # (batch, kv_heads, key d, value d, dtype, device) of the stored history
 
     # -- transformers interface ---------------------------------------------------------
     def update(self, key_states, value_states, *args, **kwargs):
+        """Store new states ``(batch, kv_heads, tokens, head_dim)``; return the dequantized history.
+
+        Arguments are checked before anything is stored: a rejected call leaves the layer as it was.
+        Zero new tokens store nothing and return the history.
+        """
+        self._check_states(key_states, value_states)
+        if key_states.shape[-2] == 0:
+            if not self.is_initialized:
+                self.lazy_initialization(key_states, value_states)
+            return self._history()
+        start = self.cumulative_length
+        k_final, k_tail, v_new = self.owner._quantize(self, key_states, value_states, start)
+        # state changes only after the quantizer succeeded
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        start = self.cumulative_length
         self.cumulative_length += key_states.shape[-2]
-        k_final, k_tail, v_new = self.owner._quantize(self, key_states, value_states, start)
         self.keys = torch.cat([self.keys, k_final], dim=-2) if k_final.shape[-2] else self.keys
         self.values = torch.cat([self.values, v_new], dim=-2)
-        keys = self.keys if k_tail is None else torch.cat([self.keys, k_tail], dim=-2)
+        self._k_tail = k_tail
+        self._geometry = (key_states.shape[0], key_states.shape[1], key_states.shape[-1], value_states.shape[-1],
+                          key_states.dtype, key_states.device)
+        return self._history()
+
+    def _history(self):
+        keys = self.keys if self._k_tail is None else torch.cat([self.keys, self._k_tail], dim=-2)
         return keys, self.values
+
+    def _check_states(self, k, v) -> None:
+        """TypeError/ValueError naming the argument, before any state changes."""
+        for name, t in (("key_states", k), ("value_states", v)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+            if t.dtype not in _STATE_DTYPES:
+                raise TypeError(f"{name}: expected dtype in {[str(d) for d in _STATE_DTYPES]}, got {t.dtype}")
+            if t.dim() != 4:
+                raise ValueError(f"{name}: expected 4 dimensions (batch, kv_heads, tokens, head_dim), "
+                                 f"got shape {tuple(t.shape)}")
+        if v.shape[:-1] != k.shape[:-1]:
+            raise ValueError(f"value_states: expected (batch, kv_heads, tokens) = {tuple(k.shape[:-1])} as "
+                             f"key_states, got {tuple(v.shape[:-1])}")
+        if self.owner.recipe.is_plain_format and v.shape[-1] != k.shape[-1]:
+            raise ValueError(f"value_states: kvlab formats store K and V of one head size, expected "
+                             f"head_dim {k.shape[-1]}, got {v.shape[-1]}")
+        if v.dtype != k.dtype or v.device != k.device:
+            raise TypeError(f"value_states: expected {k.dtype} on {k.device} as key_states, got {v.dtype} "
+                            f"on {v.device}")
+        if self._geometry is not None:
+            want = self._geometry
+            got = (k.shape[0], k.shape[1], k.shape[-1], v.shape[-1], k.dtype, k.device)
+            if got[:4] != want[:4]:
+                raise ValueError(f"key_states, value_states: expected (batch, kv_heads, key head_dim, value head_dim)"
+                                 f" = {want[:4]} as the cached history of layer {self.layer_idx}, got {got[:4]}")
+            if got[4:] != want[4:]:
+                raise TypeError(f"key_states: expected {want[4]} on {want[5]} as the cached history of layer "
+                                f"{self.layer_idx}, got {k.dtype} on {k.device}")
 
     def get_seq_length(self) -> int:
         return self.cumulative_length
@@ -91,6 +155,8 @@ class KVLabLayer(DynamicLayer):
         self.cumulative_length = 0
         self.stored = []
         self._pending_k = None
+        self._k_tail = None
+        self._geometry = None
 
     def reorder_cache(self, beam_idx):  # beam search would need the stored rows reordered too
         raise NotImplementedError("KVLabCache does not support beam search")
@@ -115,14 +181,28 @@ class KVLabCache(Cache):
             raise TypeError(f"recipe: expected a format name or Recipe, got {type(recipe).__name__}")
         if recipe.needs_calibration and calib is None:
             raise ValueError(f"calib: recipe {recipe.name!r} needs a Calibration (kvlab.lab.recipes.calibrate)")
+        if calib is not None and not isinstance(calib, Calibration):
+            raise TypeError(f"calib: expected a Calibration (kvlab.lab.recipes.calibrate) or None, "
+                            f"got {type(calib).__name__}")
         if backend not in ("auto", "reference"):
             raise ValueError(f"backend: expected 'auto' or 'reference', got {backend!r}")
-        cfg = model.config.get_text_config(decoder=True)
+        if isinstance(model, LoadedModel):
+            raise TypeError("model: expected the transformers model, got a LoadedModel (pass lm.model)")
+        config = getattr(model, "config", None)
+        if config is None or not hasattr(config, "get_text_config"):
+            raise TypeError(f"model: expected a transformers model (with a .config), got {type(model).__name__}")
+        cfg = config.get_text_config(decoder=True)
+        n = int(cfg.num_hidden_layers)
+        if calib is not None and calib.k_mean.shape[0] != n:
+            raise ValueError(f"calib: expected statistics of the model's {n} layers, got "
+                             f"{calib.k_mean.shape[0]} (calibrated on another model?)")
         self.recipe = recipe
         self.calib = calib
         self.model = model
         self.backend = backend
-        n = int(cfg.num_hidden_layers)
+        #: how many (layer, update) writes went through each path: ``"kernels"`` (kvlab.cuda),
+        #: ``"reference"`` (NumPy, kvlab formats) or ``"recipe"`` (NumPy codec of kvlab.lab.recipes)
+        self.paths_used: Counter = Counter()
         super().__init__(layers=[KVLabLayer(self, i) for i in range(n)])
 
     # -- the quantizer --------------------------------------------------------------------
@@ -132,6 +212,7 @@ class KVLabCache(Cache):
         if r.is_plain_format:
             kq, vq = self._format_roundtrip(layer, k, v)
             return kq, None, vq
+        self.paths_used["recipe"] += 1
         dev, dt = k.device, k.dtype
         kn = _to_numpy(k).transpose(0, 2, 1, 3)  # (b, t, h, d)
         vn = _to_numpy(v).transpose(0, 2, 1, 3)
@@ -177,14 +258,15 @@ class KVLabCache(Cache):
             value = v.transpose(1, 2).reshape(n, h, d).contiguous()
             slots = torch.arange(n, device=k.device, dtype=torch.int64)
         else:
-            key = np.ascontiguousarray(k.detach().cpu().transpose(1, 2).reshape(n, h, d).numpy())
-            value = np.ascontiguousarray(v.detach().cpu().transpose(1, 2).reshape(n, h, d).numpy())
+            key = _to_numpy_same_dtype(k.transpose(1, 2).reshape(n, h, d))
+            value = _to_numpy_same_dtype(v.transpose(1, 2).reshape(n, h, d))
             slots = np.arange(n, dtype=np.int64)
         nblocks = -(-n // BLOCK_SIZE)
         cache = api.allocate_cache(name, nblocks, BLOCK_SIZE, h, d, like=key)
         api.reshape_and_cache(key, value, cache, slots, kv_cache_dtype=name)
         kd, vd = api.dequantize_cache(cache, kv_cache_dtype=name)
         layer.stored.append(cache)
+        self.paths_used["kernels" if use_cuda else "reference"] += 1
 
         def back(a):
             a = a.reshape(nblocks * BLOCK_SIZE, h, d)[:n].reshape(b, t, h, d)

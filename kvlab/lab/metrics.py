@@ -25,11 +25,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..checks import check_float, check_int
+
+
+def _same_shape(x, xq):
+    """float64 copies of ``x`` and ``xq``; ValueError unless their shapes are equal (no broadcasting:
+    a broadcast comparison would silently measure something else)."""
+    x = np.asarray(x, dtype=np.float64)
+    xq = np.asarray(xq, dtype=np.float64)
+    if x.shape != xq.shape:
+        raise ValueError(f"xq: expected the shape of x {x.shape}, got {xq.shape}")
+    return x, xq
+
 
 def rel_mse(x, xq) -> float:
     """``‖xq − x‖² / ‖x‖²`` (float64 arithmetic)."""
-    x = np.asarray(x, dtype=np.float64)
-    e = np.asarray(xq, dtype=np.float64) - x
+    x, xq = _same_shape(x, xq)
+    e = xq - x
     return float(np.sum(e * e) / max(np.sum(x * x), 1e-300))
 
 
@@ -41,8 +53,7 @@ def sqnr_db(x, xq) -> float:
 
 def mean_cosine(x, xq) -> float:
     """Mean cosine similarity of the vectors along the last axis (zero vectors count as 1)."""
-    x = np.asarray(x, dtype=np.float64)
-    xq = np.asarray(xq, dtype=np.float64)
+    x, xq = _same_shape(x, xq)
     num = np.sum(x * xq, axis=-1)
     den = np.linalg.norm(x, axis=-1) * np.linalg.norm(xq, axis=-1)
     cos = np.where(den > 0, num / np.where(den > 0, den, 1), 1.0)
@@ -80,6 +91,17 @@ def attention_errors(q, k, v, kq, vq, scaling: float) -> dict:
     q: ``(T, q_heads, d)`` post-RoPE queries; k, v, kq, vq: ``(T, kv_heads, d)``.
     """
     q = np.asarray(q)
+    if q.ndim != 3:
+        raise ValueError(f"q: expected (tokens, q_heads, head_dim), got shape {q.shape}")
+    want = (q.shape[0], None, q.shape[2])
+    shape0 = None
+    for name, a in (("k", k), ("v", v), ("kq", kq), ("vq", vq)):
+        sh = np.shape(a)
+        if len(sh) != 3 or sh[0] != want[0] or sh[2] != want[2] or (shape0 is not None and sh != shape0):
+            raise ValueError(f"{name}: expected (tokens={want[0]}, kv_heads, head_dim={want[2]})"
+                             f"{'' if shape0 is None else ' = ' + str(shape0)} like q/k, got shape {sh}")
+        shape0 = shape0 or sh
+    scaling = check_float(scaling, "scaling", positive=True)
     s = _scores(q, k, scaling)
     sq = _scores(q, kq, scaling)
     fin = np.isfinite(s)
@@ -118,14 +140,61 @@ def _continuation_logprobs(lm, batch, context_len: int, cache):
     with torch.no_grad():
         a = lm.model(ids[:, :context_len], cache=cache, use_cache=True, logits_to_keep=1).logits
         b = lm.model(ids[:, context_len:], cache=cache, use_cache=True).logits
+    if cache.get_seq_length() != ids.shape[1]:
+        # a transformers version that does not know the ``cache=`` argument would ignore it and
+        # use its own unquantized cache: every KL would silently be 0
+        raise RuntimeError(f"cache: the model did not write the {ids.shape[1]} tokens into the cache it was "
+                           f"given (it holds {cache.get_seq_length()}); this transformers version may "
+                           f"expect past_key_values= instead of cache=")
+    with torch.no_grad():
         logits = torch.cat([a[:, -1:], b[:, :-1]], dim=1).float()
         return torch.log_softmax(logits, dim=-1).cpu().numpy()
 
 
-def _check_windows(windows, context_len):
-    windows = np.asarray(windows, dtype=np.int64)
+def check_token_ids(ids, name: str, lm, ndim: int) -> np.ndarray:
+    """Token ids as int64 NumPy of ``ndim`` dimensions, every id in ``[0, vocab)`` of ``lm``.
+
+    Checked on the host: an out-of-range id on a GPU would be a device-side assert that
+    poisons the CUDA context instead of an error naming the argument.
+    """
+    if hasattr(ids, "detach"):
+        ids = ids.detach().cpu().numpy()
+    a = np.asarray(ids)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integer token ids, got dtype {a.dtype}")
+    a = a.astype(np.int64)
+    if a.ndim != ndim or a.size == 0:
+        want = "(num_windows, window_len)" if ndim == 2 else "(tokens,)"
+        raise ValueError(f"{name}: expected a non-empty {want} array of token ids, got shape {a.shape}")
+    vocab = _vocab_size(lm)
+    if vocab is not None and (a.min() < 0 or a.max() >= vocab):
+        bad = int(a.min()) if a.min() < 0 else int(a.max())
+        raise ValueError(f"{name}: token ids must be in [0, {vocab}), got {bad}")
+    return a
+
+
+def _vocab_size(lm):
+    try:
+        return int(lm.model.get_input_embeddings().num_embeddings)
+    except Exception:  # a model without an embedding table: nothing to check against
+        return None
+
+
+def _check_lm(lm):
+    from .model import LoadedModel
+
+    if not isinstance(lm, LoadedModel):
+        raise TypeError(f"lm: expected a LoadedModel (kvlab.lab.model.load_model), got {type(lm).__name__}")
+
+
+def _check_windows(windows, context_len, lm=None):
+    if lm is not None:
+        windows = check_token_ids(windows, "windows", lm, 2)
+    else:
+        windows = np.asarray(windows, dtype=np.int64)
     if windows.ndim != 2:
         raise ValueError(f"windows: expected (num_windows, window_len) token ids, got shape {windows.shape}")
+    context_len = check_int(context_len, "context_len")
     if not (1 <= context_len < windows.shape[1]):
         raise ValueError(f"context_len: expected 1 … {windows.shape[1] - 1}, got {context_len}")
     return windows
@@ -135,7 +204,9 @@ def reference_logprobs(lm, windows, context_len: int, batch_size: int = 2) -> Re
     """Unquantized (``DynamicCache``) continuation log-probs of ``windows`` int64 ``(n, L)``."""
     from transformers import DynamicCache
 
-    windows = _check_windows(windows, context_len)
+    _check_lm(lm)
+    windows = _check_windows(windows, context_len, lm)
+    batch_size = check_int(batch_size, "batch_size", lo=1)
     outs = []
     for i in range(0, len(windows), batch_size):
         outs.append(_continuation_logprobs(lm, windows[i:i + batch_size], context_len,
@@ -155,6 +226,11 @@ def evaluate_recipe(lm, recipe, ref: Reference, calib=None, batch_size: int = 2)
     """
     from .hf_cache import KVLabCache
 
+    _check_lm(lm)
+    if not isinstance(ref, Reference):
+        raise TypeError(f"ref: expected a Reference (kvlab.lab.metrics.reference_logprobs), got {type(ref).__name__}")
+    batch_size = check_int(batch_size, "batch_size", lo=1)
+    KVLabCache(recipe, lm.model, calib=calib)  # checks recipe and calib before the first forward pass
     kls, nlls = [], []
     w = ref.windows
     for i in range(0, len(w), batch_size):

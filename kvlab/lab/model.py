@@ -78,6 +78,17 @@ def load_model(name: str | None = None, *, device: str | None = None, dtype=None
 
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"device: expected a torch device such as 'cpu' or 'cuda', got {device!r}") from e
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device: {device!r} asked for, but torch sees no CUDA device")
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype: expected a torch dtype (e.g. torch.float32) or None, got {type(dtype).__name__} "
+                        f"{dtype!r}")
+    if dtype is not None and not dtype.is_floating_point:
+        raise ValueError(f"dtype: expected a floating-point torch dtype, got {dtype}")
     key = (name or SHIPPED_MODEL, str(device), str(dtype))
     if key in _CACHE:
         return _CACHE[key]

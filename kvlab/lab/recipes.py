@@ -42,12 +42,14 @@ asymmetric 4-bit, fp32, hidden-zero-point, whole-head, RHT spec is
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import ml_dtypes
 import numpy as np
 
+from ..checks import check_choice, check_int
 from ..formats import FORMAT_NAMES, get_format
 from ..reference.fp_codecs import e4m3_round
 from ..reference.hadamard import inverse_rht, random_signs, rht
@@ -142,8 +144,18 @@ class QuantSpec:
     token_group: int = 64
 
     def __post_init__(self):
-        if self.bits not in (2, 3, 4, 8):
-            raise ValueError(f"bits: expected one of [2, 3, 4, 8], got {self.bits!r}")
+        check_choice(self.bits, "bits", (2, 3, 4, 8))
+        if not isinstance(self.bits, (int, np.integer)):  # 4.0 == 4 would pass check_choice
+            raise TypeError(f"bits: expected an int, got {type(self.bits).__name__} {self.bits!r}")
+        if not isinstance(self.symmetric, (bool, np.bool_)):
+            raise TypeError(f"symmetric: expected a bool, got {type(self.symmetric).__name__} {self.symmetric!r}")
+        for name in ("zero_point", "scale_dtype", "rotation", "clipping", "rounding", "codebook", "axis"):
+            v = getattr(self, name)
+            if not isinstance(v, str):
+                raise TypeError(f"{name}: expected a str, got {type(v).__name__} {v!r}")
+        if self.group_size is not None and not isinstance(self.group_size, (int, np.integer)):
+            raise TypeError(f"group_size: expected None or an int, got {type(self.group_size).__name__} "
+                            f"{self.group_size!r}")
         if self.scale_dtype not in SCALE_BITS:
             raise ValueError(f"scale_dtype: expected one of {list(SCALE_BITS)}, got {self.scale_dtype!r}")
         if self.zero_point not in ZERO_POINTS:
@@ -159,7 +171,7 @@ class QuantSpec:
                 raise ValueError(f"{name}: expected one of {list(allowed)}, got {v!r}")
         if self.axis == "channel" and self.group_size is not None:
             raise ValueError("group_size: per-channel specs group along tokens (token_group), not the head dim")
-        if not isinstance(self.token_group, int) or self.token_group < 2:
+        if isinstance(self.token_group, bool) or not isinstance(self.token_group, int) or self.token_group < 2:
             raise ValueError(f"token_group: expected an int >= 2, got {self.token_group!r}")
         if self.uses_hidden_zero_point:
             if self.scale_dtype not in _MANTISSA_BITS:
@@ -331,6 +343,15 @@ class Recipe:
     description: str = field(default="", compare=False)
 
     def __post_init__(self):
+        if not isinstance(self.name, str):
+            raise TypeError(f"name: expected a str, got {type(self.name).__name__} {self.name!r}")
+        for flag in ("center_keys", "center_values", "pre_rope"):
+            v = getattr(self, flag)
+            if not isinstance(v, (bool, np.bool_)):
+                raise TypeError(f"{flag}: expected a bool, got {type(v).__name__} {v!r}")
+        if isinstance(self.smooth_keys, (bool, np.bool_)) or not isinstance(self.smooth_keys, numbers.Real):
+            raise TypeError(f"smooth_keys: expected a float exponent in [0, 1], got "
+                            f"{type(self.smooth_keys).__name__} {self.smooth_keys!r}")
         for side in ("key", "value"):
             v = getattr(self, side)
             if isinstance(v, str):
@@ -423,9 +444,22 @@ class Calibration:
 
 def calibrate(captures) -> Calibration:
     """:class:`Calibration` from one or more :class:`~kvlab.lab.capture.KVCapture` (concatenated over tokens)."""
+    from .capture import KVCapture
+
+    if isinstance(captures, KVCapture):
+        captures = [captures]
     caps = list(captures)
     if not caps:
         raise ValueError("captures: need at least one calibration capture")
+    for i, c in enumerate(caps):
+        if not isinstance(c, KVCapture):
+            raise TypeError(f"captures[{i}]: expected a KVCapture (kvlab.lab.capture.capture_kv), "
+                            f"got {type(c).__name__}")
+        if (c.keys.shape[0], *c.keys.shape[2:]) != (caps[0].keys.shape[0], *caps[0].keys.shape[2:]) \
+                or c.queries.shape[2] != caps[0].queries.shape[2]:
+            raise ValueError(f"captures[{i}]: expected the geometry of captures[0] (layers, kv_heads, head_dim) "
+                             f"= {(caps[0].keys.shape[0], *caps[0].keys.shape[2:])}, got "
+                             f"{(c.keys.shape[0], *c.keys.shape[2:])}")
     K = np.concatenate([c.keys for c in caps], axis=1).astype(np.float64)
     Kp = np.concatenate([c.keys_pre_rope for c in caps], axis=1).astype(np.float64)
     V = np.concatenate([c.values for c in caps], axis=1).astype(np.float64)
@@ -443,6 +477,17 @@ def calibrate(captures) -> Calibration:
     )
 
 
+def check_calibration(calib: Calibration, layer, num_kv_heads: int, head_size: int) -> None:
+    """``calib`` has statistics for ``layer`` of a ``(num_kv_heads, head_size)`` geometry (ValueError if not)."""
+    n = calib.k_mean.shape[0]
+    layer = check_int(layer, "layer", lo=0)
+    if layer >= n:
+        raise ValueError(f"layer: expected 0 … {n - 1} (the calibration has {n} layers), got {layer}")
+    if calib.k_mean.shape[1:] != (num_kv_heads, head_size):
+        raise ValueError(f"calib: expected statistics of (kv_heads, head_dim) = {(num_kv_heads, head_size)}, "
+                         f"got {calib.k_mean.shape[1:]} (calibrated on another model?)")
+
+
 # ---- one side, all transforms ---------------------------------------------------------------
 def roundtrip_side(recipe: Recipe, side: str, x: np.ndarray, layer: int, calib: Calibration | None = None,
                    head_axis: int = -2) -> np.ndarray:
@@ -452,11 +497,20 @@ def roundtrip_side(recipe: Recipe, side: str, x: np.ndarray, layer: int, calib: 
     domain the recipe stores (pre-RoPE when ``recipe.pre_rope``). Centering and
     smoothing are applied around the quantizer with the layer's calibrated vectors.
     """
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe: expected a Recipe, got {type(recipe).__name__}")
     if side not in ("k", "v"):
         raise ValueError(f"side: expected 'k' or 'v', got {side!r}")
     if recipe.needs_calibration and calib is None:
         raise ValueError(f"calib: recipe {recipe.name!r} needs a Calibration (see kvlab.lab.recipes.calibrate)")
+    if calib is not None and not isinstance(calib, Calibration):
+        raise TypeError(f"calib: expected a Calibration (kvlab.lab.recipes.calibrate) or None, "
+                        f"got {type(calib).__name__}")
     x = np.asarray(x, dtype=np.float32)
+    if x.ndim < 2:
+        raise ValueError(f"x: expected (..., tokens, kv_heads, head_dim), got shape {x.shape}")
+    if calib is not None and recipe.needs_calibration:
+        check_calibration(calib, layer, x.shape[head_axis], x.shape[-1])
     d = x.shape[-1]
     spec = recipe.key if side == "k" else recipe.value
 

@@ -19,6 +19,8 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..checks import check_int
+from ..formats import FORMAT_NAMES
 from ..reference.hadamard import rht
 from .metrics import attention_errors, evaluate_recipe, tensor_errors
 from .recipes import FORMAT_RECIPES, INT4_SPEC, QuantSpec, Recipe, format_recipe, roundtrip_side
@@ -73,6 +75,47 @@ def group_mean(rows, by, values):
     return out
 
 
+# ---- argument checks -----------------------------------------------------------------------------
+def _as_recipe(r, name: str) -> Recipe:
+    """A Recipe, or the recipe of a kvlab format name; TypeError/ValueError naming ``name`` otherwise."""
+    if isinstance(r, Recipe):
+        return r
+    if isinstance(r, str):
+        if r not in FORMAT_NAMES:
+            raise ValueError(f"{name}: expected a Recipe or one of {list(FORMAT_NAMES)}, got {r!r}")
+        return format_recipe(r)
+    raise TypeError(f"{name}: expected a Recipe or a format name, got {type(r).__name__}")
+
+
+def _as_recipes(recipes) -> list:
+    if isinstance(recipes, (str, Recipe)):
+        raise TypeError(f"recipes: expected a list of recipes, got a single {type(recipes).__name__} "
+                        f"(wrap it in a list)")
+    try:
+        items = list(recipes)
+    except TypeError:
+        raise TypeError(f"recipes: expected a list of recipes, got {type(recipes).__name__}") from None
+    if not items:
+        raise ValueError("recipes: expected at least one recipe, got an empty list")
+    return [_as_recipe(r, f"recipes[{i}]") for i, r in enumerate(items)]
+
+
+def _check_capture(capture) -> None:
+    from .capture import KVCapture
+
+    if not isinstance(capture, KVCapture):
+        raise TypeError(f"capture: expected a KVCapture (kvlab.lab.capture.capture_kv), got {type(capture).__name__}")
+
+
+def _layers(layers, capture) -> list:
+    if layers is None:
+        return list(range(capture.num_layers))
+    out = [check_int(v, f"layers[{i}]", lo=0, hi=capture.num_layers - 1) for i, v in enumerate(layers)]
+    if not out:
+        raise ValueError("layers: expected at least one layer index (or None for all), got none")
+    return out
+
+
 # ---- recipes on captured activations ------------------------------------------------------------
 def quantize_capture(capture, recipe, layer: int, calib=None, model=None):
     """Quantized ``(keys, values)`` of one layer, float32 ``(tokens, kv_heads, d)``, keys post-RoPE.
@@ -80,8 +123,9 @@ def quantize_capture(capture, recipe, layer: int, calib=None, model=None):
     Pre-RoPE recipes quantize ``capture.keys_pre_rope`` and re-apply RoPE
     (``model`` supplies the RoPE tables).
     """
-    if isinstance(recipe, str):
-        recipe = format_recipe(recipe)
+    recipe = _as_recipe(recipe, "recipe")
+    _check_capture(capture)
+    layer = check_int(layer, "layer", lo=0, hi=capture.num_layers - 1)
     v = roundtrip_side(recipe, "v", capture.values[layer], layer, calib)
     if recipe.pre_rope:
         if model is None:
@@ -96,7 +140,9 @@ def quantize_capture(capture, recipe, layer: int, calib=None, model=None):
 
 def tensor_sweep(capture, recipes, layers=None, calib=None, model=None, progress: bool = True) -> list:
     """Rows ``{recipe, label, bits, layer, side, rel_mse, sqnr_db, cosine}`` per recipe × layer × side."""
-    layers = range(capture.num_layers) if layers is None else layers
+    _check_capture(capture)
+    recipes = _as_recipes(recipes)
+    layers = _layers(layers, capture)
     rows = []
     d = capture.head_dim
     for r in _progress(recipes, "tensor sweep", progress):
@@ -110,7 +156,9 @@ def tensor_sweep(capture, recipes, layers=None, calib=None, model=None, progress
 
 def attention_sweep(capture, recipes, layers=None, calib=None, model=None, progress: bool = True) -> list:
     """Rows ``{recipe, bits, layer, k_rel_mse, v_rel_mse, score_rel_err, out_rel_err}`` per recipe × layer."""
-    layers = range(capture.num_layers) if layers is None else layers
+    _check_capture(capture)
+    recipes = _as_recipes(recipes)
+    layers = _layers(layers, capture)
     rows = []
     d = capture.head_dim
     for r in _progress(recipes, "attention sweep", progress):
@@ -126,6 +174,13 @@ def attention_sweep(capture, recipes, layers=None, calib=None, model=None, progr
 
 def end_to_end_sweep(lm, ref, recipes, calib=None, progress: bool = True, batch_size: int = 2) -> list:
     """Rows ``{recipe, label, bits, bytes_per_token_head, kl, kl_sem, ppl, ppl_ref, delta_nll, tokens}``."""
+    from .metrics import Reference, _check_lm
+
+    _check_lm(lm)
+    if not isinstance(ref, Reference):
+        raise TypeError(f"ref: expected a Reference (kvlab.lab.metrics.reference_logprobs), got {type(ref).__name__}")
+    recipes = _as_recipes(recipes)
+    batch_size = check_int(batch_size, "batch_size", lo=1)
     rows = []
     d = lm.head_dim
     for r in _progress(recipes, "end-to-end (KL, ppl)", progress):
@@ -152,6 +207,8 @@ def outlier_profile(keys, signs=None) -> dict:
     and ``"max_over_rms_before/after"`` (mean over vectors of max|x| / rms(x)).
     """
     k = np.asarray(keys, dtype=np.float64)
+    if k.ndim != 3 or k.shape[0] < 1:
+        raise ValueError(f"keys: expected one layer's keys (tokens, kv_heads, head_dim), got shape {k.shape}")
     d = k.shape[-1]
     y = rht(k, signs) / math.sqrt(d)
 
