@@ -1,52 +1,58 @@
 // kvlab — paged attention, prefill kernel (SPEC 2.4). Python op: kvlab/cuda/attention.py
 // (family "paged_prefill"; the decode and reduction kernels are in paged_attention.cu).
-// Reference: kvlab/reference/attention.py (float64). Building blocks: attention_common.cuh.
+// Reference: kvlab/reference/attention.py (float64). Building blocks: attention_common.cuh,
+// prefill_common.cuh (tile decode, ldmatrix, dim order).
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
+#include "prefill_common.cuh"
 
 using namespace kvlab;
 using namespace kvlab::attn;
+using namespace kvlab::pf;
 
 namespace {
-constexpr int NW = 4;     // warps per CTA
+constexpr int NW = 8;         // warps per CTA (attention.py: PF_WARPS)
+constexpr int PF_ROWS = 128;  // query rows per CTA, 16 per warp (attention.py: PF_ROWS)
+constexpr int PF_KT = 64;     // KV tokens per tile
 }  // namespace
 // ====================================================================================
-// paged_attention_prefill<FMT, D, T>: one CTA = (64 query rows of one sequence, KV head).
-// Rows are (query token, query head) pairs, token-major: row r -> token tok0 + r / G,
-// head r % G, so the G heads of a KV head share every K/V tile (GQA). The CTA walks the
-// KV positions in tiles of 32 tokens up to its last row's position (tiles above the causal
-// diagonal are never loaded) and from its first row's window start. Per tile:
-//   1. all 128 threads decode the tile's raw bytes (loaded during the previous tile) into
-//      shared memory as mma operands: K in fragment order (the decode kernel's k_operand
-//      registers), V transposed as token pairs (v_operand registers) — each byte decoded once;
-//   2. each warp (16 rows) computes S = Q·K^T (m16 x n32 x D), the online softmax per row,
-//      and O += P'·V (m16 x nD x k32), FA2-style with P kept in registers; warps whose rows
-//      all lie before the tile skip the math.
-// Shared memory is double-buffered, so one barrier per tile. Output rows go through shared
-// memory for the int4 inverse rotation (and 16-byte stores for every format).
+// paged_attention_prefill<FMT, D, T>: one CTA = (128 query rows of one sequence, KV head),
+// 8 warps of 16 rows. Rows are (query token, query head) pairs, token-major: row r -> token
+// tok0 + r / G, head r % G, so the G heads of a KV head share every K/V tile (GQA). The CTA
+// walks the KV positions in tiles of 64 tokens up to its last row's position (tiles above
+// the causal diagonal are never loaded) and from its first row's window start.
+//
+// Pipeline (one __syncthreads per tile, two tile buffers in dynamic shared memory):
+//   quantized formats: the raw bytes of tile i+1 sit in registers (loaded during tile i-1);
+//     after computing tile i every thread decodes its share of tile i+1 (token tid % 64,
+//     a quarter of the row: D/4 dims of K and of V) into the other buffer as exact 16-bit
+//     values [token][dim] (prefill_common.cuh), then loads tile i+2's bytes;
+//   auto: tile i+1 is copied with 16-byte cp.async into the other buffer while tile i is
+//     computed.
+// Per tile each warp computes S = Q·K^T (m16 x n64 x D; K via ldmatrix), scales by the
+// per-token K scale (int4/int8/fp8) — one multiply per element, zero points were subtracted
+// in the decode — masks only on tiles that cross its rows' causal diagonal or window edge,
+// runs the online softmax in log2 units (exp2 of one FFMA), and O += P'·V (P' = P·per-token
+// V scale in registers, V via ldmatrix.trans). Warps whose rows all lie before the tile (or
+// entirely past its window) skip the math. Output rows go through shared memory for the
+// int4 inverse rotation and the dim order.
 // ====================================================================================
-namespace {
-constexpr int PF_ROWS = 64;   // query rows per CTA (4 warps x 16)
-constexpr int PF_KT = 32;     // KV tokens per tile
-}
-
-template <int FMT, int D>
-struct PrefillSmem {
-  static constexpr int KUNITS = D / 8 + 4;            // 16-byte units per token (padded: conflict-free)
-  static constexpr int KWORDS = PF_KT * KUNITS * 4;   // K operand words per buffer
-  static constexpr int VRS = PF_KT / 2 + 4;           // words per dim row of V^T (padded)
-  static constexpr int VWORDS = D * VRS;
-  static constexpr int PWORDS = 4 * PF_KT;            // ksc, koff, vsc, vzp
-  static constexpr int BUF = KWORDS + VWORDS + PWORDS;
-  static constexpr int QWORDS = PF_ROWS * D / 2;      // q operands (prologue) as 16-bit pairs
-  static constexpr int OWORDS = PF_ROWS * D;          // float output rows (epilogue)
-  static constexpr int TOTAL = (2 * BUF > QWORDS ? (2 * BUF > OWORDS ? 2 * BUF : OWORDS)
-                                                 : (QWORDS > OWORDS ? QWORDS : OWORDS));
+template <int D>
+struct PfSmem {
+  static constexpr int RS = D + 8;                          // halves per token row (16-byte pad: ldmatrix conflict-free)
+  static constexpr int TILE = PF_KT * RS;                   // halves per K or V tile
+  static constexpr int PAR = 2 * PF_KT;                     // floats: ksc[64], vsc[64]
+  static constexpr int BUF_BYTES = 2 * TILE * 2 + PAR * 4;
+  static constexpr int Q_OFF = 2 * BUF_BYTES;               // query rows (16-bit, ldmatrix A operands)
+  static constexpr int BYTES = Q_OFF + PF_ROWS * RS * 2;    // dynamic shared memory of a launch
+  static constexpr int ORS = D + 4;                         // floats per output row (epilogue)
+  static_assert(BYTES == 768 * D + 7168, "kvlab/cuda/attention.py launches with 768*d + 7168 bytes");
+  static_assert(PF_ROWS * ORS * 4 <= 2 * BUF_BYTES, "output rows fit the tile buffers");
 };
 
 template <int FMT, int D, typename T>
-__global__ void __launch_bounds__(NW * 32)
+__global__ void __launch_bounds__(NW * 32, 1)
 paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
                         const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                         int bt_stride, const int* __restrict__ seq_lens,
@@ -56,21 +62,20 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   using TR = Traits<FMT, D, T>;
   using CTQ = typename TR::CT_QK;
   using CTV = typename TR::CT_PV;
-  using SM = PrefillSmem<FMT, D>;
+  using SM = PfSmem<D>;
   static_assert(D == 64 || D == 128, "prefill kernel: head sizes 64, 128 (256 uses the decode kernel)");
-  static_assert(SM::TOTAL * 4 <= 48 * 1024, "static shared memory budget");
-  constexpr int E = D / 32;
-  constexpr int KC = D / 16;      // k-chunks of Q·K
-  constexpr int NT = PF_KT / 8;   // n-tiles of S
-  constexpr int ON = D / 8;       // n-tiles of O
-  constexpr int KW = TR::KB / 4, VW = TR::VB / 4;
-  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;
-  constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;
-  constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;
+  constexpr int E = D / 32;          // dims per lane in the prologue / epilogue
+  constexpr int KC = D / 16;         // k-chunks of Q·K
+  constexpr int NT = PF_KT / 8;      // n-tiles of S
+  constexpr int ON = D / 8;          // n-tiles of O
+  constexpr int UPT = D / 32;        // 8-dim units per thread and side in the decode
+  constexpr int KW = TR::KB / 4;     // raw words per thread and side (D/4 dims)
+  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;  // nvfp4 scale groups per thread and side
+  constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);  // per-token scales
+  static_assert(PF_KT * 4 == NW * 32, "decode roles: token tid % 64, row quarter tid / 64");
 
-  __shared__ __align__(16) uint32_t smem[SM::TOTAL];
-  __shared__ float qsum_sm[PF_ROWS], cs_sm[PF_ROWS];
-  __shared__ int qpos_sm[PF_ROWS];
+  extern __shared__ __align__(16) uint8_t pf_smem[];
+  __shared__ float cs_sm[PF_ROWS];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, c = lane & 3;
@@ -82,335 +87,356 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   const int Lq = query_start_loc[seq + 1] - qs;
   const int L = seq_lens[seq];
   const int BS = 1 << bs_log2;
+  const int nrow = min(tpc, Lq - tok0) * G;   // rows r < nrow are valid
+  const int pbase = L - Lq + tok0;            // KV position of row 0's token
 
-  // ---- prologue: 64 query rows -> shared memory (as in the decode kernel)
-  uint16_t* q_sm = reinterpret_cast<uint16_t*>(smem);
-  for (int r = warp; r < PF_ROWS; r += NW) {
-    const int tok = tok0 + r / G;
-    const bool valid = (r < tpc * G) && (tok < Lq);
-    const int qhead = kvh * G + r % G;
-    float x[E];
-    if (valid) {
-      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+  // ---- prologue: 128 query rows -> shared memory (dims in the tiles' order)
+  {
+    uint16_t* q_sm = reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF);
+    const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;  // nvfp4: global K scale
+    for (int r = warp; r < PF_ROWS; r += NW) {
+      const bool valid = r < nrow;
+      const int tok = tok0 + r / G;
+      const int qhead = kvh * G + r % G;
+      float x[E];
+      if (valid) {
+        const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
 #pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-    } else {
+        for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+      } else {
 #pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = 0.f;
-    }
-    if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
-    float amax = 0.f;
+        for (int j = 0; j < E; ++j) x[j] = 0.f;
+      }
+      if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
+      float amax = 0.f;
 #pragma unroll
-    for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
-    amax = warp_max(amax);
-    float pre = 1.f;
-    if constexpr (FMT != AUTO) {
-      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
-    }
-    float s = 0.f;
+      for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
+      amax = warp_max(amax);
+      float pre = 1.f;
+      if constexpr (FMT != AUTO) {
+        const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+        pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+      }
 #pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const uint16_t b = bits16<CTQ>(x[j] * pre);
-      q_sm[r * D + lane * E + j] = b;
-      s += from_bits16<CTQ>(b);
-    }
-    s = warp_sum(s);
-    if (lane == 0) {
-      qsum_sm[r] = s;
-      cs_sm[r] = scale_log2 / pre;
-      qpos_sm[r] = valid ? (L - Lq + tok) : -1;
+      for (int j = 0; j < E; ++j) {
+        const int dim = lane * E + j;
+        q_sm[r * SM::RS + (dim & ~7) + unit_pos<FMT>(dim & 7)] = bits16<CTQ>(x[j] * pre);
+      }
+      if (lane == 0) cs_sm[r] = scale_log2 * kfold / pre;
     }
   }
   __syncthreads();
   const int r0 = warp * 16 + g, r1 = r0 + 8;
-  uint32_t qa[KC][4];
-#pragma unroll
-  for (int kk = 0; kk < KC; ++kk) {
-#pragma unroll
-    for (int p = 0; p < 2; ++p) {
-      const int d0 = qk_dim<FMT, D>(c, kk, p, 0), d1 = qk_dim<FMT, D>(c, kk, p, 1);
-      qa[kk][2 * p] = pack2(q_sm[r0 * D + d0], q_sm[r0 * D + d1]);
-      qa[kk][2 * p + 1] = pack2(q_sm[r1 * D + d0], q_sm[r1 * D + d1]);
-    }
-  }
-  const float qsum0 = qsum_sm[r0], qsum1 = qsum_sm[r1];
+  // Q·K A operands come from shared memory (ldmatrix.x4 per 16-dim chunk, each tile): keeps
+  // 32 registers free at d = 128. Lane l: row warp*16 + l % 8 + 8·(l / 8 % 2), dims + 8·(l / 16).
+  const unsigned qbase = smem_addr(pf_smem + SM::Q_OFF) +
+                         2 * (((warp * 16) + (lane & 7) + 8 * ((lane >> 3) & 1)) * SM::RS + 8 * (lane >> 4));
   const float cs0 = cs_sm[r0], cs1 = cs_sm[r1];
-  const int qp0 = qpos_sm[r0], qp1 = qpos_sm[r1];
-  int pmax = -1, pmin = 0x7fffffff, wmax = -1;
-  for (int r = 0; r < PF_ROWS; ++r) {
-    const int p = qpos_sm[r];
-    if (p >= 0) { pmax = max(pmax, p); pmin = min(pmin, p); }
-    if (p >= 0 && (r >> 4) == warp) wmax = max(wmax, p);
-  }
-  int wmin = 0x7fffffff;
-  for (int r = warp * 16; r < warp * 16 + 16; ++r) if (qpos_sm[r] >= 0) wmin = min(wmin, qpos_sm[r]);
-  __syncthreads();  // q_sm is reused by the tile buffers below
+  const int qp0 = r0 < nrow ? pbase + r0 / G : -1;
+  const int qp1 = r1 < nrow ? pbase + r1 / G : -1;
+  const int wr = warp * 16;
+  const bool whas = wr < nrow;
+  const int wmin = pbase + wr / G;
+  const int wmax = pbase + min(wr + 15, nrow - 1) / G;
 
-  const int hi = pmax + 1;
+  const int hi = pbase + (nrow - 1) / G + 1;
   int lo = 0;
-  if (window > 0) lo = max(0, pmin - window + 1);
+  if (window > 0) lo = max(0, pbase - window + 1);
   lo &= ~(PF_KT - 1);
   const int ntiles = hi > lo ? (hi - lo + PF_KT - 1) / PF_KT : 0;
-  const size_t side_stride = static_cast<size_t>(BS) * num_kv_heads * TR::ROW;
+  // a block = 2 slabs (K, V) of BS * H_kv rows: < 2^31 bytes for every supported shape
+  const unsigned side_stride = static_cast<unsigned>(BS * num_kv_heads * TR::ROW);
+  const unsigned slab2 = 2u * side_stride;
+  const unsigned data_part = static_cast<unsigned>(BS * num_kv_heads * (D / 2));  // nvfp4: scales follow
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
+  constexpr int RB = (FMT == NVFP4) ? D / 2 : TR::ROW;  // bytes between rows of the data part
 
-  // producer roles: K (token kt, part kc4), V (token pair vp, dim group vg)
-  const int kt = tid >> 2, kc4 = tid & 3;
-  const int vg = tid >> 4, vp = tid & 15;
-  uint32_t rk[KW], rva[VW], rvb[VW];
-  uint32_t rkp = 0u, rvpa = 0u, rvpb = 0u;     // int4/int8/fp8 parameter words
-  uint32_t rks[SW];                            // nvfp4 K scale row
-  float rsfa[NGV], rsfb[NGV];                  // nvfp4 V scales (decoded)
-  auto row_of = [&](int side, int p) -> size_t {  // (slab base offset, row index) -> byte offset of the row's data
-    const int blk = bt[p >> bs_log2];
-    const size_t slab = (static_cast<size_t>(blk) * 2 + side) * side_stride;
-    const size_t row = static_cast<size_t>(p & (BS - 1)) * num_kv_heads + kvh;
-    if constexpr (FMT == NVFP4) return slab + row * (D / 2);
-    else return slab + row * TR::ROW;
+  // decode roles: token lt of the tile, quarter `part` of its K and V rows (D/4 dims)
+  const int lt = tid & (PF_KT - 1), part = tid >> 6;
+  auto tile_k = [&](int b) { return reinterpret_cast<uint16_t*>(pf_smem + b * SM::BUF_BYTES); };
+  auto tile_v = [&](int b) { return reinterpret_cast<uint16_t*>(pf_smem + b * SM::BUF_BYTES) + SM::TILE; };
+  auto tile_par = [&](int b) {
+    return reinterpret_cast<float*>(pf_smem + b * SM::BUF_BYTES + 4 * SM::TILE);
   };
-  auto load_tile = [&](int p0) {
-    {  // K
-      const int p = p0 + kt;
-      const bool in = p < L;
-      const size_t off = in ? row_of(0, p) : 0;
-      load_words<TR::KB, TR::ALIGN>(cache + off + kc4 * TR::KB, rk, in);
-      if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-        constexpr int OFF = (FMT == INT4) ? D / 2 : D;
-        rkp = in ? __ldg(reinterpret_cast<const unsigned*>(cache + off + OFF)) : 0u;
-      } else if constexpr (FMT == NVFP4) {
-        const int blk = in ? bt[p >> bs_log2] : 0;
-        const size_t sb = (static_cast<size_t>(blk) * 2) * side_stride + static_cast<size_t>(BS) * num_kv_heads * (D / 2) +
-                          (static_cast<size_t>(p & (BS - 1)) * num_kv_heads + kvh) * (D / 16);
-        load_words<D / 16, 4>(cache + sb, rks, in);
-      }
-    }
-    {  // V: tokens 2vp, 2vp+1
-      const int pa = p0 + 2 * vp, pb = pa + 1;
-      const bool ina = pa < L, inb = pb < L;
-      const size_t offa = ina ? row_of(1, pa) : 0, offb = inb ? row_of(1, pb) : 0;
-      load_words<TR::VB, TR::ALIGN>(cache + offa + vg * TR::VB, rva, ina);
-      load_words<TR::VB, TR::ALIGN>(cache + offb + vg * TR::VB, rvb, inb);
-      if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-        constexpr int OFF = (FMT == INT4) ? D / 2 : D;
-        rvpa = ina ? __ldg(reinterpret_cast<const unsigned*>(cache + offa + OFF)) : 0u;
-        rvpb = inb ? __ldg(reinterpret_cast<const unsigned*>(cache + offb + OFF)) : 0u;
-      } else if constexpr (FMT == NVFP4) {
-        constexpr int S = D / 16;
-#pragma unroll
-        for (int i = 0; i < NGV; ++i) {
-          const int grp = (vg * (D / 8)) / 16 + i;
-#pragma unroll
-          for (int w = 0; w < 2; ++w) {
-            const int pp = w ? pb : pa;
-            const bool in = w ? inb : ina;
-            float f = 0.f;
-            if (in) {
-              const int blk = bt[pp >> bs_log2];
-              int tt = pp & (BS - 1), gg = grp;
-              if (swizzle_v) {
-                const int qq = S / 4;
-                const int t2_ = (tt / 4) * 4 + grp / qq;
-                gg = (grp % qq) * 4 + tt % 4;
-                tt = t2_;
-              }
-              const size_t sb = (static_cast<size_t>(blk) * 2 + 1) * side_stride +
-                                static_cast<size_t>(BS) * num_kv_heads * (D / 2) +
-                                (static_cast<size_t>(tt) * num_kv_heads + kvh) * S + gg;
-              f = e4m3_to_float(__ldg(cache + sb)) * 128.f;
-            }
-            if (w) rsfb[i] = f; else rsfa[i] = f;
-          }
-        }
-      }
-    }
-  };
-  // raw registers -> operand buffer `buf`
-  auto store_tile = [&](uint32_t* buf) {
-    uint32_t* kb = buf;
-    uint32_t* vb = buf + SM::KWORDS;
-    float* par = reinterpret_cast<float*>(buf + SM::KWORDS + SM::VWORDS);
-    {  // K operands of token kt, part kc4: KC x 2 words, 16-byte units interleaved over kc4
-      uint32_t sf[NGK];
-      if constexpr (FMT == NVFP4) {
+
+  uint32_t rk[KW], rv[KW];
+  uint32_t rkp = 0u, rvp = 0u;   // int4/int8/fp8: the rows' parameter words; nvfp4: scale bytes
+  auto load_raw = [&](int p0) {
+    const int p = p0 + lt;
+    const bool in = p < L;
+    const int blk = in ? bt[p >> bs_log2] : 0;
+    const int tt = p & (BS - 1);
+    const unsigned rowi = static_cast<unsigned>(tt * num_kv_heads + kvh);
+    const uint8_t* kslab = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2;
+    const uint8_t* kr = kslab + rowi * RB;
+    const uint8_t* vr = kr + side_stride;
+    load_words<TR::KB, TR::ALIGN>(kr + part * TR::KB, rk, in);
+    load_words<TR::KB, TR::ALIGN>(vr + part * TR::KB, rv, in);
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
+      rkp = in ? __ldg(reinterpret_cast<const unsigned*>(kr + OFF)) : 0u;
+      rvp = in ? __ldg(reinterpret_cast<const unsigned*>(vr + OFF)) : 0u;
+    } else if constexpr (FMT == NVFP4) {
+      constexpr int S = D / 16;
+      uint32_t kb = 0u, vb = 0u;
+      if (in) {
+        const uint8_t* ks = kslab + data_part + rowi * S;
 #pragma unroll
         for (int i = 0; i < NGK; ++i) {
-          const int gi = kc4 * NGK + i;
-          const uint16_t h = bits16<__half>(e4m3_to_float((rks[gi >> 2] >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-          sf[i] = pack2(h, h);
+          const int grp = part * NGK + i;
+          kb |= static_cast<uint32_t>(__ldg(ks + grp)) << (8 * i);
+          int t2 = tt, gg = grp;
+          if (swizzle_v) {
+            constexpr int QQ = S / 4;
+            t2 = (tt / 4) * 4 + grp / QQ;
+            gg = (grp % QQ) * 4 + tt % 4;
+          }
+          const uint8_t* vs = kslab + side_stride + data_part +
+                              static_cast<unsigned>((t2 * num_kv_heads + kvh) * S + gg);
+          vb |= static_cast<uint32_t>(__ldg(vs)) << (8 * i);
         }
+      }
+      rkp = kb; rvp = vb;
+    }
+  };
+  // raw registers -> decoded tile buffer b: unit u (8 dims) of the thread's K and V quarter rows
+  auto store_unit = [&](int b, int u) {
+    if constexpr (FMT != AUTO) {
+      uint16_t* kt = tile_k(b) + lt * SM::RS + part * (D / 4) + 8 * u;
+      uint16_t* vt = tile_v(b) + lt * SM::RS + part * (D / 4) + 8 * u;
+      uint4 ko, vo;
+      if constexpr (FMT == NVFP4) {
+        const int i = u >> 1;  // 16-dim group of the unit
+        const uint16_t hk = bits16<__half>(e4m3_to_float((rkp >> (8 * i)) & 0xFFu) * 128.f);
+        const uint16_t hv = bits16<__half>(e4m3_to_float((rvp >> (8 * i)) & 0xFFu) * 128.f);
+        ko = dec_unit<FMT, false>(rk[u], 0u, pack2(hk, hk));
+        vo = dec_unit<FMT, true>(rv[u], 0u, pack2(hv, hv));
+      } else if constexpr (FMT == INT4) {
+        ko = dec_unit<FMT, false>(rk[u], 0u, (0x6400u | (rkp & 0xFu)) * 0x10001u);
+        vo = dec_unit<FMT, true>(rv[u], 0u, (0x4300u | (rvp & 0xFu)) * 0x10001u);
       } else {
-#pragma unroll
-        for (int i = 0; i < NGK; ++i) sf[i] = 0u;
+        ko = dec_unit<FMT, false>(rk[2 * u], rk[2 * u + 1], 0u);
+        vo = dec_unit<FMT, true>(rv[2 * u], rv[2 * u + 1], 0u);
       }
-#pragma unroll
-      for (int u = 0; u < KC / 2; ++u) {  // unit u holds chunks 2u, 2u+1 (pairs 0, 1)
-        uint4 v;
-        const int k0 = 2 * u, k1 = 2 * u + 1;
-        const int gi0 = (FMT == NVFP4) ? (k0 >> 2) : 0, gi1 = (FMT == NVFP4) ? (k1 >> 2) : 0;
-        v.x = k_operand<FMT, D>(rk, k0, 0, sf[gi0]);
-        v.y = k_operand<FMT, D>(rk, k0, 1, sf[gi0]);
-        v.z = k_operand<FMT, D>(rk, k1, 0, sf[gi1]);
-        v.w = k_operand<FMT, D>(rk, k1, 1, sf[gi1]);
-        *reinterpret_cast<uint4*>(kb + 4 * (kt * SM::KUNITS + u * 4 + kc4)) = v;
+      *reinterpret_cast<uint4*>(kt) = ko;
+      *reinterpret_cast<uint4*>(vt) = vo;
+    }
+  };
+  auto store_params = [&](int b) {
+    if constexpr (TOKSC) {
+      float ksc, vsc;
+      if constexpr (FMT == INT4) {
+        ksc = __uint_as_float(rkp & ~0xFu);
+        vsc = __uint_as_float(rvp & ~0xFu);
+      } else if constexpr (FMT == INT8) {
+        ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp);
+      } else {
+        ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp) * FP8_V_P;
       }
-      if (kc4 == 0) {
-        float ksc = 1.f, koff = 0.f;
-        if constexpr (FMT == INT4) {
-          ksc = __uint_as_float(rkp & ~0xFu); koff = 1024.f + static_cast<float>(rkp & 0xFu);
-        } else if constexpr (FMT == INT8) {
-          ksc = __uint_as_float(rkp); koff = 1152.f;
-        } else if constexpr (FMT == FP8) {
-          ksc = __uint_as_float(rkp);
-        } else if constexpr (FMT == NVFP4) {
-          ksc = 128.f * k_scale;
-        }
-        par[kt] = ksc;
-        par[PF_KT + kt] = koff;
+      if (part == 0) {
+        float* par = tile_par(b);
+        par[lt] = ksc;
+        par[PF_KT + lt] = vsc;
       }
     }
-    {  // V^T operands: dims vg*D/8 + l, token pair vp
+  };
+  auto store_tile = [&](int b) {
 #pragma unroll
-      for (int l = 0; l < D / 8; ++l) {
-        uint32_t sf2 = 0u;
-        if constexpr (FMT == NVFP4) {
-          const int i = (D >= 256) ? (l >> 4) : 0;
-          sf2 = pack2(bits16<__half>(rsfa[i]), bits16<__half>(rsfb[i]));
-        }
-        vb[(vg * (D / 8) + l) * SM::VRS + vp] = v_operand<FMT, D>(rva, rvb, l, sf2);
-      }
-      if (vg == 0) {
-        float sa = 1.f, sb = 1.f, za = 0.f, zb = 0.f;
-        if constexpr (FMT == INT4) {
-          sa = __uint_as_float(rvpa & ~0xFu); za = 128.f + static_cast<float>(rvpa & 0xFu);
-          sb = __uint_as_float(rvpb & ~0xFu); zb = 128.f + static_cast<float>(rvpb & 0xFu);
-        } else if constexpr (FMT == INT8 || FMT == FP8) {
-          sa = __uint_as_float(rvpa); sb = __uint_as_float(rvpb);
-          if constexpr (FMT == FP8) { sa *= FP8_V_P; sb *= FP8_V_P; }
-        }
-        par[2 * PF_KT + 2 * vp] = sa; par[2 * PF_KT + 2 * vp + 1] = sb;
-        par[3 * PF_KT + 2 * vp] = za; par[3 * PF_KT + 2 * vp + 1] = zb;
-      }
+    for (int u = 0; u < UPT; ++u) store_unit(b, u);
+    store_params(b);
+  };
+  // auto: 16-byte copies of tile p0 into buffer b
+  auto copy_tile = [&](int p0, int b) {
+    const int p = p0 + lt;
+    const bool in = p < L;
+    const int blk = in ? bt[p >> bs_log2] : 0;
+    const unsigned rowi = static_cast<unsigned>((p & (BS - 1)) * num_kv_heads + kvh);
+    const uint8_t* kr = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2 + rowi * RB + part * TR::KB;
+    const uint8_t* vr = kr + side_stride;
+    const unsigned kd = smem_addr(tile_k(b) + lt * SM::RS + part * (D / 4));
+    const unsigned vd = smem_addr(tile_v(b) + lt * SM::RS + part * (D / 4));
+#pragma unroll
+    for (int i = 0; i < TR::KB / 16; ++i) {
+      cp_async16_zfill(kd + 16 * i, kr + 16 * i, in);
+      cp_async16_zfill(vd + 16 * i, vr + 16 * i, in);
     }
+    cp_async_commit();
   };
 
   float acc[ON][4];
 #pragma unroll
   for (int j = 0; j < ON; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f;
 
-  if (ntiles > 0) load_tile(lo);
-  for (int it = 0; it < ntiles; ++it) {
-    uint32_t* buf = smem + (it & 1) * SM::BUF;
-    store_tile(buf);
-    __syncthreads();
-    const int p0 = lo + it * PF_KT;
-    if (it + 1 < ntiles) load_tile(p0 + PF_KT);
-    // warps whose rows all precede the tile (causal) or that have no rows skip the math
-    if (wmax < p0 || (window > 0 && p0 + PF_KT - 1 <= wmin - window)) continue;
-    const uint32_t* kb = buf;
-    const uint32_t* vb = buf + SM::KWORDS;
-    const float* par = reinterpret_cast<const float*>(buf + SM::KWORDS + SM::VWORDS);
+  // per-lane ldmatrix offsets (halves): K rows = tokens (lane % 8), 8-dim column block lane / 8;
+  // V^T: token rows lane % 8 + 8·(lane / 8 % 2), 8-dim column block lane / 16
+  const int koff = (lane & 7) * SM::RS + 8 * (lane >> 3);
+  const int voff = ((lane & 7) + 8 * ((lane >> 3) & 1)) * SM::RS + 8 * (lane >> 4);
+
+  // Tile p0 from buffer b; quantized formats also decode the raw registers into buffer nb
+  // (interleaved with the P·V mma so that the integer work fills the tensor-pipe gaps).
+  auto compute = [&](int b, int p0, int nb) {
+    if (!whas || wmax < p0 || (window > 0 && p0 + PF_KT - 1 <= wmin - window)) {
+      if constexpr (FMT != AUTO) store_tile(nb);
+      return;
+    }
+    const bool full = (p0 + PF_KT - 1 <= wmin) && (window <= 0 || p0 > wmax - window);
+    const unsigned kbase = smem_addr(tile_k(b) + koff);
+    const unsigned vbase = smem_addr(tile_v(b) + voff);
+    const float* par = tile_par(b);
     float s[NT][4];
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
-      const int tok = nt * 8 + g;
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.f;
 #pragma unroll
-      for (int u = 0; u < KC / 2; ++u) {
-        const uint4 v = *reinterpret_cast<const uint4*>(kb + 4 * (tok * SM::KUNITS + u * 4 + c));
-        Mma<CTQ>::run(s[nt], qa[2 * u][0], qa[2 * u][1], qa[2 * u][2], qa[2 * u][3], v.x, v.y);
-        Mma<CTQ>::run(s[nt], qa[2 * u + 1][0], qa[2 * u + 1][1], qa[2 * u + 1][2], qa[2 * u + 1][3], v.z, v.w);
+    for (int k2 = 0; k2 < KC / 2; ++k2) {
+      uint32_t qa0[4], qa1[4];
+      ldsm_x4(qa0, qbase + 2 * (32 * k2));
+      ldsm_x4(qa1, qbase + 2 * (32 * k2 + 16));
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        uint32_t bk[4];
+        ldsm_x4(bk, kbase + 2 * (nt * 8 * SM::RS + 32 * k2));
+        Mma<CTQ>::run(s[nt], qa0[0], qa0[1], qa0[2], qa0[3], bk[0], bk[1]);
+        Mma<CTQ>::run(s[nt], qa1[0], qa1[1], qa1[2], qa1[3], bk[2], bk[3]);
       }
     }
-    // scores (log2 units); s[nt][0..1] = (row r0, tokens nt*8+2c, +1), s[nt][2..3] = row r1
+    // s[nt][0..1] = (row r0, tokens nt*8+2c, +1), s[nt][2..3] = row r1. Per-token K scale.
+    if constexpr (TOKSC) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float2 ks = *reinterpret_cast<const float2*>(par + nt * 8 + 2 * c);
+        s[nt][0] *= ks.x; s[nt][1] *= ks.y; s[nt][2] *= ks.x; s[nt][3] *= ks.y;
+      }
+    }
+    if (!full) {
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int kp = p0 + nt * 8 + 2 * c + e;
+          const bool ok0 = kp <= qp0 && (window <= 0 || kp > qp0 - window);
+          const bool ok1 = kp <= qp1 && (window <= 0 || kp > qp1 - window);
+          if (!ok0) s[nt][e] = neg_inf();
+          if (!ok1) s[nt][2 + e] = neg_inf();
+        }
+      }
+    }
     float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int t = nt * 8 + 2 * c + e;
-        const int kp = p0 + t;
-        const float ksc = par[t], koff = par[PF_KT + t];
-        const bool ok0 = kp < L && kp <= qp0 && (window <= 0 || kp > qp0 - window);
-        const bool ok1 = kp < L && kp <= qp1 && (window <= 0 || kp > qp1 - window);
-        s[nt][e] = ok0 ? ksc * (s[nt][e] - koff * qsum0) * cs0 : neg_inf();
-        s[nt][2 + e] = ok1 ? ksc * (s[nt][2 + e] - koff * qsum1) * cs1 : neg_inf();
-        mx0 = fmaxf(mx0, s[nt][e]);
-        mx1 = fmaxf(mx1, s[nt][2 + e]);
-      }
+      mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+      mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
     }
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
     mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    // running max in score units (cs > 0): exponent = s·cs − m·cs, one FFMA per element
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
+    const float al0 = pf_ex2((m0 - mn0) * cs0), al1 = pf_ex2((m1 - mn1) * cs1);
     m0 = mn0; m1 = mn1;
-    l0 *= al0; l1 *= al1; z0 *= al0; z1 *= al1;
+    const float nm0 = mn0 == NEG_BIG ? 0.f : -mn0 * cs0;  // row fully masked so far: exponents -inf
+    const float nm1 = mn1 == NEG_BIG ? 0.f : -mn1 * cs1;
+    l0 *= al0; l1 *= al1;
+    if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
 #pragma unroll
-    for (int j = 0; j < ON; ++j) {
-      acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
+      for (int j = 0; j < ON; ++j) {
+        acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
+      }
     }
     // P' (A operand of P·V): k-chunk kc covers S n-tiles 2kc, 2kc+1
 #pragma unroll
     for (int kc = 0; kc < PF_KT / 16; ++kc) {
       uint32_t pa[4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {  // h: n-tile 2kc+h -> registers (row r0: pa[2h], row r1: pa[2h+1])
+      for (int h = 0; h < 2; ++h) {
         const int nt = 2 * kc + h;
-        uint16_t b[4];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int t = nt * 8 + 2 * c + e;
-          const float vsc = par[2 * PF_KT + t];
-          const float e0 = exp2f(s[nt][e] - mn0), e1 = exp2f(s[nt][2 + e] - mn1);
-          l0 += e0; l1 += e1;
-          b[e] = bits16<CTV>(e0 * vsc);
-          b[2 + e] = bits16<CTV>(e1 * vsc);
-          if constexpr (FMT == INT4) {
-            const float vzp = par[3 * PF_KT + t];
-            z0 += from_bits16<CTV>(b[e]) * vzp;
-            z1 += from_bits16<CTV>(b[2 + e]) * vzp;
-          }
+        float e00 = pf_ex2(fmaf(s[nt][0], cs0, nm0)), e01 = pf_ex2(fmaf(s[nt][1], cs0, nm0));
+        float e10 = pf_ex2(fmaf(s[nt][2], cs1, nm1)), e11 = pf_ex2(fmaf(s[nt][3], cs1, nm1));
+        l0 += e00 + e01;
+        l1 += e10 + e11;
+        if constexpr (TOKSC) {
+          const float2 vs = *reinterpret_cast<const float2*>(par + PF_KT + nt * 8 + 2 * c);
+          e00 *= vs.x; e01 *= vs.y; e10 *= vs.x; e11 *= vs.y;
         }
-        pa[2 * h] = pack2(b[0], b[1]);
-        pa[2 * h + 1] = pack2(b[2], b[3]);
+        pa[2 * h] = pf_pack2<CTV>(e00, e01);
+        pa[2 * h + 1] = pf_pack2<CTV>(e10, e11);
       }
 #pragma unroll
-      for (int j = 0; j < ON; ++j) {
-        const uint32_t* vrow = vb + (8 * j + g) * SM::VRS + kc * 8;
-        Mma<CTV>::run(acc[j], pa[0], pa[1], pa[2], pa[3], vrow[c], vrow[4 + c]);
+      for (int j2 = 0; j2 < ON / 2; ++j2) {
+        uint32_t bv[4];
+        ldsm_x4_t(bv, vbase + 2 * (16 * kc * SM::RS + 16 * j2));
+        Mma<CTV>::run(acc[2 * j2], pa[0], pa[1], pa[2], pa[3], bv[0], bv[1]);
+        Mma<CTV>::run(acc[2 * j2 + 1], pa[0], pa[1], pa[2], pa[3], bv[2], bv[3]);
       }
+      if constexpr (FMT != AUTO) {
+        if (kc < UPT) store_unit(nb, kc);
+      }
+    }
+    if constexpr (FMT != AUTO) {
+#pragma unroll
+      for (int u = PF_KT / 16; u < UPT; ++u) store_unit(nb, u);
+      store_params(nb);
+    }
+  };
+
+  if constexpr (FMT == AUTO) {
+    if (ntiles > 0) copy_tile(lo, 0);
+    for (int it = 0; it < ntiles; ++it) {
+      const int p0 = lo + it * PF_KT;
+      cp_async_wait<0>();
+      __syncthreads();  // tile `it` landed for every thread; buffer (it+1)&1 is no longer read
+      if (it + 1 < ntiles) copy_tile(p0 + PF_KT, (it + 1) & 1);
+      compute(it & 1, p0, 0);
+    }
+  } else {
+    if (ntiles > 0) {
+      load_raw(lo);
+      store_tile(0);
+      if (ntiles > 1) load_raw(lo + PF_KT);
+    }
+    __syncthreads();
+    for (int it = 0; it < ntiles; ++it) {
+      const int p0 = lo + it * PF_KT;
+      // decodes tile it+1 (on the last tile: the raw registers again, into the unused buffer)
+      compute(it & 1, p0, (it + 1) & 1);
+      if (it + 2 < ntiles) load_raw(p0 + 2 * PF_KT);
+      __syncthreads();
     }
   }
 
   // ---- epilogue: row sums across the 4 lanes of a row, output rows through shared memory
   l0 += __shfl_xor_sync(0xffffffffu, l0, 1); l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
   l1 += __shfl_xor_sync(0xffffffffu, l1, 1); l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  z0 += __shfl_xor_sync(0xffffffffu, z0, 1); z0 += __shfl_xor_sync(0xffffffffu, z0, 2);
-  z1 += __shfl_xor_sync(0xffffffffu, z1, 1); z1 += __shfl_xor_sync(0xffffffffu, z1, 2);
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
   const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
+  if constexpr (FMT == AUTO) cp_async_wait<0>();
   __syncthreads();  // tile buffers -> output rows
-  float* o_sm = reinterpret_cast<float*>(smem);
+  float* o_sm = reinterpret_cast<float*>(pf_smem);
 #pragma unroll
   for (int j = 0; j < ON; ++j) {
-    const int dim = 8 * j + 2 * c;
-    *reinterpret_cast<float2*>(o_sm + r0 * D + dim) = make_float2((acc[j][0] - z0) * inv0, (acc[j][1] - z0) * inv0);
-    *reinterpret_cast<float2*>(o_sm + r1 * D + dim) = make_float2((acc[j][2] - z1) * inv1, (acc[j][3] - z1) * inv1);
+    if constexpr (unit_identity<FMT>()) {
+      const int dim = 8 * j + 2 * c;
+      *reinterpret_cast<float2*>(o_sm + r0 * SM::ORS + dim) = make_float2(acc[j][0] * inv0, acc[j][1] * inv0);
+      *reinterpret_cast<float2*>(o_sm + r1 * SM::ORS + dim) = make_float2(acc[j][2] * inv1, acc[j][3] * inv1);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = 8 * j + unit_dim<FMT>(2 * c + h);
+        o_sm[r0 * SM::ORS + dim] = acc[j][h] * inv0;
+        o_sm[r1 * SM::ORS + dim] = acc[j][2 + h] * inv1;
+      }
+    }
   }
   __syncthreads();
-  for (int r = warp; r < PF_ROWS; r += NW) {
+  for (int r = warp; r < nrow; r += NW) {
     float x[E];
 #pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = o_sm[r * D + lane * E + j];
+    for (int j = 0; j < E; ++j) x[j] = o_sm[r * SM::ORS + lane * E + j];
     if constexpr (FMT == INT4) inverse_rht_group<E, 32>(x, lane);
     const int tok = tok0 + r / G;
-    if (r < tpc * G && tok < Lq) {
-      T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
+    T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
 #pragma unroll
-      for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
-    }
+    for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
   }
 }

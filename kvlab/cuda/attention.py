@@ -69,8 +69,8 @@ PG_NST = 2                  # its stages (double buffer)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
-PF_WARPS = 4                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
-PF_ROWS = 64                     # query rows per prefill CTA (PF_ROWS in paged_prefill.cu)
+PF_WARPS = 8                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
+PF_ROWS = 128                    # query rows per prefill CTA (PF_ROWS in paged_prefill.cu)
 PREFILL_MIN_ROWS = 32            # a sequence with >= this many (token, head) rows per KV head uses it
 
 SPECS = register(FAMILY, [
@@ -228,7 +228,10 @@ class AttentionPlan:
         bt_stride = arrays.shape(block_table)[1]
         with L.stream_of(q):
             if self.n_pf:
-                kp = get_kernel(_prefill_spec(self.fmt_code, d, t), self.device_id)
+                pf_spec = _prefill_spec(self.fmt_code, d, t)
+                kp = get_kernel(pf_spec, self.device_id)
+                pf_smem = 768 * d + 7168  # 2 KV tile buffers + q rows (paged_prefill.cu: PfSmem<D>::BYTES)
+                _raise_dynamic_smem(kp, pf_spec, self.device_id, pf_smem)
                 L.launch(kp, (self.n_pf, self.num_kv_heads), (PF_WARPS * 32,), (
                     L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
                     L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.pf_items),
@@ -236,7 +239,7 @@ class AttentionPlan:
                     L.i32(int(math.log2(self.block_size))), L.f32(self.scale_log2),
                     L.f32(self.k_scale), L.f32(self.v_scale), L.i32(self.window),
                     L.i32(self.swizzle_v),
-                ))
+                ), shared_mem=pf_smem)
             if self.n_items == 0:
                 return out
             if self.decode_variant == "paged":

@@ -1,0 +1,278 @@
+"""Prefill kernel v2 (kernels_cu/paged_prefill.cu: 128 rows per CTA, 64-token tiles decoded once
+into shared memory, mask-free tiles below the diagonal) against the float64 reference.
+
+Aimed at what the v2 design can get wrong and the shared shape grid touches only lightly:
+many tiles per CTA (double-buffer pipeline, the decode of tile i+1 interleaved with tile i),
+several CTAs per sequence, the tile-level mask-free path next to diagonal tiles, sliding
+windows whose edge falls on / next to a 64-token tile boundary, every GQA group the row
+mapping supports (1: 128 tokens per CTA, 3: 126 rows, 4, 8: 16 tokens), chunked prefill
+after a long cached prefix, fp16 queries, and head sizes 64/128 with blocks 16/32.
+Tolerances and helpers: tests/gpu/test_paged_attention_gpu.py.
+
+``test_prefill_emulation_matches_reference`` (no GPU) runs a NumPy emulation of the kernel's
+arithmetic — the bit-level tile decode (zero points subtracted in fp16/bf16, exact), the dim
+order inside 8-dim units, per-token K/V scales applied once per column, the nvfp4 global
+scale folded into the softmax scale, 64-token tiles with the per-warp skip / mask-free rules,
+the online softmax in log2 units with P' rounded to the P·V operand type — against
+:func:`kvlab.reference.paged_attention`.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kvlab import reference
+from kvlab.arrays import NUMPY_BF16
+
+from .test_paged_attention_gpu import FORMATS, build_case, check_close, run_gpu, run_ref
+
+CODES = {"auto": 0, "int8_per_token_head": 1, "fp8_per_token_head": 2, "int4_per_token_head": 3, "nvfp4": 4}
+
+
+def _case(rng, fmt, hkv, g, d, bs, q_lens, kv_lens, q_dtype=NUMPY_BF16):
+    return build_case(rng, fmt, hkv, g, d, bs, q_lens, kv_lens, q_dtype=q_dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(2, 4, 128, 16), (1, 1, 128, 32), (3, 3, 64, 32), (1, 8, 64, 16)],
+                         ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_long_prompt_and_chunk(rng, fmt, shape):
+    """A 700-token prompt (11 tiles, several CTAs) and a 150-token chunk after a 1,000-token prefix."""
+    hkv, g, d, bs = shape
+    q_lens = [700 + int(rng.integers(0, 40)), 150 + int(rng.integers(0, 20))]
+    kv_lens = [q_lens[0], q_lens[1] + 1000 + int(rng.integers(0, 64))]
+    case = _case(rng, fmt, hkv, g, d, bs, q_lens, kv_lens)
+    out, plan = run_gpu(case, prefill_kernel=True)
+    assert plan.n_pf > 0
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("window", [1, 63, 64, 65, 129, 300])
+def test_window_edges(rng, fmt, window):
+    """Window edges on and next to tile boundaries (the mask-free test uses the window too)."""
+    q_lens = [400 + int(rng.integers(0, 30)), 90]
+    kv_lens = [q_lens[0], 90 + 640]
+    case = _case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens)
+    out, _ = run_gpu(case, prefill_kernel=True, sliding_window=window)
+    check_close(out, run_ref(case, sliding_window=window), "bfloat16", f"{fmt} window={window}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_fp16_queries(rng, fmt):
+    q_lens = [333, 70]
+    kv_lens = [333, 70 + 200]
+    case = _case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, q_dtype=np.float16)
+    out, _ = run_gpu(case, prefill_kernel=True)
+    check_close(out, run_ref(case), "float16", f"{fmt} fp16")
+
+
+# ---------------------------------------------------------------- NumPy emulation (no GPU)
+def _unit_dim(F, p):
+    if F in (3, 4):
+        return (p >> 1) + 4 * (p & 1)
+    if F == 1:
+        return 4 * ((p >> 2) & 1) + ((p >> 1) & 1) + 2 * (p & 1)
+    return p
+
+
+def _unit_pos(F, o):
+    if F in (3, 4):
+        return 2 * (o & 3) + (o >> 2)
+    if F == 1:
+        return (o & 4) | ((o & 1) << 1) | ((o >> 1) & 1)
+    return o
+
+
+def _decode_row(F, side, raw, prm, sfb, D, e4m3_decode, bf16):
+    """One cache row -> the kernel's stored 16-bit values (float32, stored order), its scale."""
+    h16 = lambda b: np.asarray(b, np.uint16).view(np.float16)  # noqa: E731
+    b16 = lambda b: np.asarray(b, np.uint16).view(bf16)  # noqa: E731
+    out = np.zeros(D, np.float32)
+    for u in range(D // 8):
+        for p in range(8):
+            dd = 8 * u + _unit_dim(F, p)
+            if F == 3:
+                c = (int(raw[dd // 2]) >> (4 * (dd & 1))) & 0xF
+                zp = prm & 0xF
+                if side == 0:
+                    v = h16(0x6400 | c) - h16(0x6400 | zp)
+                else:
+                    v = (b16(0x4300 | c).astype(np.float32) - b16(0x4300 | zp).astype(np.float32)).astype(bf16)
+            elif F == 4:
+                n = (int(raw[dd // 2]) >> (4 * (dd & 1))) & 0xF
+                sf = np.float16(float(e4m3_decode(np.array([sfb[dd // 16]], np.uint8))[0]) * 128.0)
+                v = h16(((n & 7) << 9) | ((n & 8) << 12)) * sf
+            elif F == 1:
+                b = int(raw[dd])
+                v = h16(0x6400 | (b ^ 0x80)) - np.float16(1152.0)
+                if side == 1:
+                    v = np.float32(v).astype(bf16)
+            elif F == 2:
+                b = int(raw[dd])
+                v = (np.float16(e4m3_decode(np.array([b], np.uint8))[0]) if side == 0
+                     else b16(((b & 0x7F) << 4) | ((b & 0x80) << 8)))
+            else:
+                v = raw[dd]
+            out[8 * u + p] = np.float32(v)
+    sc = np.float32(1)
+    if F == 3:
+        sc = np.uint32(prm & ~0xF).view(np.float32)
+    elif F in (1, 2):
+        sc = np.uint32(prm).view(np.float32)
+    if F == 2 and side == 1:
+        sc = np.float32(sc * np.float32(2.0 ** 64))
+    return out, np.float32(sc)
+
+
+def emulate_prefill(case, window=0, KT=64, ROWS=128):
+    """NumPy emulation of paged_attention_prefill (every sequence on the prefill kernel)."""
+    import ml_dtypes
+
+    from kvlab import get_format
+    from kvlab.reference.fp_codecs import e4m3_decode
+    from kvlab.reference.hadamard import inverse_rht, rht
+
+    bf16 = ml_dtypes.bfloat16
+    neg_big = np.float32(-1.0e30)
+    fmt = case["kv_cache_dtype"].name
+    F = CODES[fmt]
+    q, cache, bt = case["q"], case["kv_cache"], case["block_table"]
+    sl, qsl = case["seq_lens"], case["query_start_loc"]
+    T, Hq, D = q.shape
+    nb, BS, Hkv = cache.shape[0], cache.shape[2], cache.shape[3]
+    G = Hq // Hkv
+    flat = np.ascontiguousarray(cache).view(np.uint8).reshape(nb, -1)
+    ROW = {0: 2 * D, 1: D + 4, 2: D + 4, 3: D // 2 + 4, 4: D // 2 + D // 16}[F]
+    side_stride = BS * Hkv * ROW
+    RB = D // 2 if F == 4 else ROW
+    swz = int(bool(getattr(get_format(fmt), "swizzle_v_scales", False)))
+    scale_log2 = np.float32(1 / np.sqrt(D) * np.log2(np.e) / (D if F == 3 else 1))
+    ctq = np.float16 if F else (bf16 if q.dtype == NUMPY_BF16 else np.float16)
+    ctv = {0: ctq, 4: np.float16}.get(F, bf16)
+    memo = {}
+
+    def row(seq, p, kvh, side):
+        key = (seq, p, kvh, side)
+        if key not in memo:
+            fl = flat[bt[seq][p // BS]]
+            tt = p % BS
+            off = side * side_stride + (tt * Hkv + kvh) * RB
+            prm, sfb = 0, None
+            if F == 0:
+                raw = np.ascontiguousarray(fl[off: off + 2 * D]).view(np.uint16)
+                raw = (raw.view(bf16) if q.dtype == NUMPY_BF16 else raw.view(np.float16)).astype(np.float32)
+            else:
+                raw = fl[off: off + ROW]
+                if F in (1, 2, 3):
+                    po = off + (D // 2 if F == 3 else D)
+                    prm = int(np.ascontiguousarray(fl[po: po + 4]).view(np.uint32)[0])
+                if F == 4:
+                    S, dp = D // 16, BS * Hkv * (D // 2)
+                    sfb = []
+                    for grp in range(S):
+                        t2, gg = tt, grp
+                        if side == 1 and swz:
+                            t2, gg = (tt // 4) * 4 + grp // (S // 4), (grp % (S // 4)) * 4 + tt % 4
+                        sfb.append(int(fl[side * side_stride + dp + (t2 * Hkv + kvh) * S + gg]))
+            memo[key] = _decode_row(F, side, raw, prm, sfb, D, e4m3_decode, bf16)
+        return memo[key]
+
+    out = np.zeros((T, Hq, D), np.float64)
+    kfold = np.float32(128.0 * case["k_scale"]) if F == 4 else np.float32(1)
+    vfac = np.float32(128.0 * case["v_scale"]) if F == 4 else (np.float32(2.0 ** 56) if F == 2 else np.float32(1))
+    for seq in range(len(sl)):
+        qs, Lq, L = int(qsl[seq]), int(qsl[seq + 1] - qsl[seq]), int(sl[seq])
+        tpc = ROWS // G
+        for tok0 in range(0, Lq, tpc):
+            for kvh in range(Hkv):
+                nrow, pbase = min(tpc, Lq - tok0) * G, L - Lq + tok0
+                qst = np.zeros((ROWS, D), np.float32)
+                cs = np.zeros(ROWS, np.float32)
+                qp = np.full(ROWS, -1)
+                for r in range(ROWS):
+                    x = np.zeros(D)
+                    if r < nrow:
+                        x = q[qs + tok0 + r // G, kvh * G + r % G].astype(np.float64)
+                        qp[r] = pbase + r // G
+                    if F == 3:
+                        x = rht(x)
+                    x = x.astype(np.float32)
+                    pre = np.float32(1)
+                    amax = np.abs(x).max()
+                    if F != 0 and amax > 0:
+                        ex = int((np.float32(amax).view(np.uint32) >> 23) & 0xFF) - 127
+                        if ex > 14:
+                            pre = np.float32(2.0 ** (-(ex - 14)))
+                    for dd in range(D):
+                        qst[r, (dd & ~7) + _unit_pos(F, dd & 7)] = np.float32(ctq(x[dd] * pre))
+                    cs[r] = np.float32(np.float32(scale_log2 * kfold) / pre)
+                hi = pbase + (nrow - 1) // G + 1
+                lo = (max(0, pbase - window + 1) if window > 0 else 0) & ~(KT - 1)
+                ntiles = (hi - lo + KT - 1) // KT if hi > lo else 0
+                acc = np.zeros((ROWS, D), np.float32)
+                m = np.full(ROWS, neg_big, np.float32)
+                lsum = np.zeros(ROWS, np.float32)
+                for it in range(ntiles):
+                    p0 = lo + it * KT
+                    Kt, Vt = np.zeros((KT, D), np.float32), np.zeros((KT, D), np.float32)
+                    ksc, vsc = np.zeros(KT, np.float32), np.zeros(KT, np.float32)
+                    for t in range(KT):
+                        if p0 + t < L:
+                            Kt[t], ksc[t] = row(seq, p0 + t, kvh, 0)
+                            Vt[t], vsc[t] = row(seq, p0 + t, kvh, 1)
+                    for w in range(ROWS // 16):
+                        wr = 16 * w
+                        if wr >= nrow:
+                            continue
+                        wmin, wmax = pbase + wr // G, pbase + min(wr + 15, nrow - 1) // G
+                        if wmax < p0 or (window > 0 and p0 + KT - 1 <= wmin - window):
+                            continue
+                        full = (p0 + KT - 1 <= wmin) and (window <= 0 or p0 > wmax - window)
+                        rs = slice(wr, wr + 16)
+                        s = (qst[rs].astype(np.float64) @ Kt.T.astype(np.float64)).astype(np.float32)
+                        if F in (1, 2, 3):
+                            s = (s * ksc[None, :]).astype(np.float32)
+                        if not full:
+                            kp, qq = p0 + np.arange(KT)[None, :], qp[rs][:, None]
+                            ok = (kp <= qq) & ((window <= 0) | (kp > qq - window))
+                            s = np.where(ok, s, np.float32(-np.inf))
+                        mn = np.maximum(m[rs], s.max(1))
+                        al = np.exp2(((m[rs] - mn) * cs[rs]).astype(np.float32))
+                        m[rs] = mn
+                        nm = np.where(mn == neg_big, np.float32(0), (-mn * cs[rs]).astype(np.float32))
+                        lsum[rs] *= al
+                        acc[rs] *= al[:, None]
+                        e = np.exp2((s.astype(np.float64) * cs[rs][:, None] + nm[:, None]).astype(np.float32))
+                        lsum[rs] += e.sum(1, dtype=np.float32)
+                        if F in (1, 2, 3):
+                            e = (e * vsc[None, :]).astype(np.float32)
+                        pp = e.astype(ctv).astype(np.float64)
+                        acc[rs] += (pp @ Vt.astype(np.float64)).astype(np.float32)
+                inv = np.where(lsum > 0, vfac / np.where(lsum > 0, lsum, 1), 0).astype(np.float32)
+                o = acc * inv[:, None]
+                ou = np.zeros_like(o)
+                for p in range(D):
+                    ou[:, (p & ~7) + _unit_dim(F, p & 7)] = o[:, p]
+                for r in range(nrow):
+                    x = ou[r].astype(np.float64)
+                    out[qs + tok0 + r // G, kvh * G + r % G] = inverse_rht(x) if F == 3 else x
+    return out
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_prefill_emulation_matches_reference(fmt):
+    """The kernel's algebra (NumPy emulation, no GPU) against the float64 reference."""
+    pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(5)
+    for (hkv, g, d, bs), win in (((1, 4, 128, 16), 0), ((1, 3, 64, 32), 50)):
+        case = _case(rng, fmt, hkv, g, d, bs, [150, 45], [150, 45 + 200])
+        ref = reference.paged_attention(case["q"], case["kv_cache"], case["block_table"], case["seq_lens"],
+                                        case["query_start_loc"], case["kv_cache_dtype"], None, case["k_scale"],
+                                        case["v_scale"], win or None, out_dtype=np.float64)
+        emu = emulate_prefill(case, win)
+        emu = emu.astype(np.float32).astype(NUMPY_BF16).astype(np.float64)
+        check_close(emu, ref, "bfloat16", f"emulation {fmt} d={d} window={win}")
