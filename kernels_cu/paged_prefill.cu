@@ -129,7 +129,7 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   const int r0 = warp * 16 + g, r1 = r0 + 8;
   // Q·K A operands come from shared memory (ldmatrix.x4 per 16-dim chunk, each tile): keeps
   // 32 registers free at d = 128. Lane l: row warp*16 + l % 8 + 8·(l / 8 % 2), dims + 8·(l / 16).
-  const unsigned qbase = smem_addr(pf_smem + SM::Q_OFF) +
+  unsigned qbase = smem_addr(pf_smem + SM::Q_OFF) +
                          2 * (((warp * 16) + (lane & 7) + 8 * ((lane >> 3) & 1)) * SM::RS + 8 * (lane >> 4));
   const float cs0 = cs_sm[r0], cs1 = cs_sm[r1];
   const int qp0 = r0 < nrow ? pbase + r0 / G : -1;
@@ -270,8 +270,11 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
 
   // per-lane ldmatrix offsets (halves): K rows = tokens (lane % 8), 8-dim column block lane / 8;
   // V^T: token rows lane % 8 + 8·(lane / 8 % 2), 8-dim column block lane / 16
-  const int koff = (lane & 7) * SM::RS + 8 * (lane >> 3);
-  const int voff = ((lane & 7) + 8 * ((lane >> 3) & 1)) * SM::RS + 8 * (lane >> 4);
+  // (shared-window byte addresses of buffer 0, computed once: buffer b adds b·BUF_BYTES)
+  unsigned kaddr0 = smem_addr(pf_smem) + 2 * ((lane & 7) * SM::RS + 8 * (lane >> 3));
+  unsigned vaddr0 = smem_addr(pf_smem) + 4 * SM::TILE +
+                          2 * (((lane & 7) + 8 * ((lane >> 3) & 1)) * SM::RS + 8 * (lane >> 4));
+  pin_reg(kaddr0, vaddr0, qbase);  // computed once, not re-derived from the thread index per tile
 
   // Tile p0 from buffer b; quantized formats also decode the raw registers into buffer nb
   // (interleaved with the P·V mma so that the integer work fills the tensor-pipe gaps).
@@ -281,8 +284,8 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
       return;
     }
     const bool full = (p0 + PF_KT - 1 <= wmin) && (window <= 0 || p0 > wmax - window);
-    const unsigned kbase = smem_addr(tile_k(b) + koff);
-    const unsigned vbase = smem_addr(tile_v(b) + voff);
+    const unsigned kbase = kaddr0 + b * SM::BUF_BYTES;
+    const unsigned vbase = vaddr0 + b * SM::BUF_BYTES;
     const float* par = tile_par(b);
     float s[NT][4];
 #pragma unroll

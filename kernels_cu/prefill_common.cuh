@@ -70,6 +70,12 @@ __device__ __forceinline__ void cp_async16_zfill(unsigned dst, const void* src, 
                : "memory");
 }
 
+// Make values opaque to the compiler so that it keeps them in registers instead of
+// re-deriving them (address arithmetic from the thread index) inside the tile loop.
+__device__ __forceinline__ void pin_reg(unsigned& a, unsigned& b, unsigned& c) {
+  asm volatile("" : "+r"(a), "+r"(b), "+r"(c));
+}
+
 // 2^x (MUFU.EX2, flush-to-zero: 2^-inf = 0).
 __device__ __forceinline__ float pf_ex2(float x) {
   float y;
@@ -106,11 +112,15 @@ template <int FMT, bool ISV>
 __device__ __forceinline__ uint4 dec_unit(uint32_t w0, uint32_t w1, uint32_t prm) {
   uint4 o;
   if constexpr (FMT == INT4) {
+    // (x & 0x000F000F) | BASE as one lop3 (lut 0xEA = (a & b) | c) with the mask in a register:
+    // the compiler otherwise re-materialises the second constant before every use
     constexpr uint32_t BASE = ISV ? 0x43004300u : 0x64006400u;
-    const uint32_t a0 = (w0 & 0x000F000Fu) | BASE;
-    const uint32_t a1 = ((w0 >> 4) & 0x000F000Fu) | BASE;
-    const uint32_t a2 = ((w0 >> 8) & 0x000F000Fu) | BASE;
-    const uint32_t a3 = ((w0 >> 12) & 0x000F000Fu) | BASE;
+    uint32_t a0, a1, a2, a3;
+    const uint32_t M = 0x000F000Fu;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a0) : "r"(w0), "r"(M), "n"(BASE));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a1) : "r"(w0 >> 4), "r"(M), "n"(BASE));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a2) : "r"(w0 >> 8), "r"(M), "n"(BASE));
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(a3) : "r"(w0 >> 12), "r"(M), "n"(BASE));
     if constexpr (ISV) {
       o.x = hsub2_bf(a0, prm); o.y = hsub2_bf(a1, prm); o.z = hsub2_bf(a2, prm); o.w = hsub2_bf(a3, prm);
     } else {
