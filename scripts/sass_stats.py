@@ -54,7 +54,7 @@ def compile_cubin(family: str, filters: list[str], arch: str) -> tuple[bytes, di
         sys.exit(f"no instantiation of {family!r} matches {filters}; e.g. {specs[0].name_expression()}")
     prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=exprs,
                                   method="cubin")
-    cubin, mapping = prog.compile(loader.compile_options() + (f"-arch={arch}",))
+    cubin, mapping = prog.compile(loader.compile_options() + (f"-arch={arch}", "-ftz=true"))  # as CuPy
     return _pad_elf(cubin), {v: k for k, v in (mapping or {}).items()}
 
 

@@ -134,7 +134,9 @@ def compile_options() -> tuple:
     ``KVLAB_NVRTC_OPTIONS`` (space-separated, e.g. ``-lineinfo`` for profiling or a ``-D`` of a
     tuning macro) is part of CuPy's cache key, so changing it recompiles.
     """
-    opts = ["-std=c++17", f"-I{kernels_dir()}"]
+    # -default-device: unannotated functions (e.g. the operator() of a generic lambda inside a
+    # kernel) are device functions; NVRTC 13.0 rejects them as host functions without it.
+    opts = ["-std=c++17", "-default-device", f"-I{kernels_dir()}"]
     opts += [f"-I{d}" for d in cuda_include_dirs()]
     opts += os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
     return tuple(opts)
@@ -206,7 +208,8 @@ def compile_family_offline(family: str, arch: str = "sm_90") -> list[CompileRepo
     prog = compiler._NVRTCProgram(read_source(family), f"{family}.cu", name_expressions=exprs,
                                   method="cubin")
     log = io.StringIO()
-    opts = compile_options() + (f"-arch={arch}", "--ptxas-options=-v")
+    # -ftz=true: CuPy adds it to every run-time compile, so the offline build matches
+    opts = compile_options() + (f"-arch={arch}", "-ftz=true", "--ptxas-options=-v")
     _, mapping = prog.compile(opts, log_stream=log)
     lowered_to_expr = {v: k for k, v in (mapping or {}).items()}
     reports, current = [], None
