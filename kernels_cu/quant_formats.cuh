@@ -71,7 +71,8 @@ struct Int4Params {
 
 __device__ __forceinline__ Int4Params int4_qparams(float mn, float mx) {
   Int4Params p;
-  p.scale = fmaxf(__fdiv_rn(__fsub_rn(mx, mn), 15.0f), 1e-6f);
+  // mx - mn overflows float32 only for saturated bf16 extremes; the reference caps it too
+  p.scale = fmaxf(__fdiv_rn(fminf(__fsub_rn(mx, mn), 3.402823466e38f), 15.0f), 1e-6f);
   p.inv_scale = __frcp_rn(p.scale);
   const float z = fminf(fmaxf(round_half_away(__fdiv_rn(-mn, p.scale)), 0.0f), 15.0f);
   p.zp = z;
@@ -229,6 +230,26 @@ __device__ __forceinline__ float div_rn_by_recip(float x, float denom, float r) 
   const float rem = fmaf(-denom, q0, x);
   return fmaf(rem, r, q0);
 }
+// Division by a divisor with few significant bits (global scale 1.0: denom is an E4M3 value,
+// <= 4 bits) in 2 FMA-pipe instructions. With r = RN(1/denom):
+//   e = 1 - denom·r is exact in one FMA (|e| <= 2^-24 and denom·r is a multiple of 2^-27 for
+//       a 4-bit denom, so e fits in float32), r_lo = RN(e·r); r + r_lo = 1/denom to ~2^-47;
+//   q = FMA(a, r, RN(a·r_lo)) = a/denom within ~2^-46.6 relative, before its one rounding.
+// A quotient a/denom that is not a float32 midpoint is at least 2^-29 (relative) away from
+// every midpoint (a·2^k and denom have <= 24 and <= 4 significant bits, so a - M·denom is a
+// multiple of a grid 2^-29·M fine), and it is never exactly a midpoint (M·denom would need
+// > 24 bits) — so q = RN(a/denom), the reference's float32 division, whenever a·r_lo does
+// not underflow (a > ~2^-100; smaller quotients give E2M1 code 0 either way). Checked
+// exhaustively against e2m1(RN(a/denom)) for every E4M3 denom and every finite bf16/fp16 a
+// (docs/perf-notes.md). Not valid for a general divisor (global scale != 1): callers use
+// div_rn_by_recip there.
+__device__ __forceinline__ float nvfp4_recip_lo(float denom, float r) {
+  return __fmul_rn(fmaf(-denom, r, 1.0f), r);
+}
+__device__ __forceinline__ float nvfp4_div_e4m3(float a, float r, float r_lo) {
+  return fmaf(a, r, __fmul_rn(a, r_lo));
+}
+
 __device__ __forceinline__ uint32_t nvfp4_encode_fast(float x, float denom, float r) {
   return denom == 0.0f ? 0u : e2m1_encode(div_rn_by_recip(x, denom, r));
 }

@@ -7,32 +7,41 @@
 // bf16 in: reads 2·256 bytes, writes 2·row bytes (auto 256, int8/fp8 132, int4 68, nvfp4 72).
 // Consecutive groups are consecutive heads of one token, so K/V reads and cache-row writes are
 // contiguous across a warp.
-//   auto, int8, fp8, nvfp4: RowGeometry — 16 bytes of input per lane (bf16 d=128: 16 lanes × 8).
+//   auto, int8, fp8: WriteGeometry — two 16-byte chunks per lane, interleaved over the group
+//         (bf16 d=128: 8 lanes × 16 elements), so the per-thread index work and the absmax
+//         shuffles are spread over 32 elements per thread (K and V).
+//   nvfp4: WriteGeometry — one 16-element scale group per lane (bf16 d=128: 8 lanes).
 //   int4: Int4Geometry — up to 32 elements per lane as 16-byte chunks (bf16 d=128: 4 lanes ×
 //         4 chunks), so the RHT runs mostly in registers (wht_chunked: 2 shuffle stages).
 // At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
 // ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
-// adds instead), no per-element IEEE division (Markstein correction from a per-group
-// reciprocal), hardware E4M3 conversion on sm_89+, signs XORed into the raw loads.
+// adds instead), no per-element IEEE division (nvfp4: a 2-instruction exact division by an
+// E4M3 divisor at global scale 1, Markstein's correction otherwise), hardware E4M3 conversion
+// on sm_89+, signs XORed into the raw loads (int4) or taken from the raw sign bits (int8),
+// codes packed with shift-adds of biased values.
 //
 // Skipped tokens (slot < 0) and the grid tail keep running on zeros (the shuffles need every
 // lane) but load and store nothing: their cache rows are untouched.
 //
 // Bit-exactness vs the reference: every rounding step of the formats is done with the same
-// float32 operation or an exactly equivalent one (quant_formats.cuh, fp_codecs.cuh). The one
-// difference is the int4 RHT: the reference sums in float64 and rounds to the input dtype, the
-// kernel sums in float32 and rounds to the input dtype; the two agree unless the float32 sum is
-// off by an ulp right at a rounding tie of the (8- or 11-bit) input dtype — rare, and counted
-// by tests/gpu/test_reshape_and_cache_gpu.py. For float32 inputs the rotated vector itself is
+// float32 operation or an exactly equivalent one (quant_formats.cuh, fp_codecs.cuh, and the
+// proofs next to int8_code_pair, e2m1_code_biased, nvfp4_div_e4m3). The one difference is the
+// int4 RHT: the reference sums in float64 and rounds to the input dtype, the kernel sums in
+// float32 and rounds to the input dtype; the two agree unless the float32 sum is off by an ulp
+// right at a rounding tie of the (8- or 11-bit) input dtype — rare, and counted by
+// tests/gpu/test_reshape_and_cache_gpu.py. For float32 inputs the rotated vector itself is
 // float32, so there last-bit differences are common and the test bounds codes to ±1 and scales
 // to float32 rounding.
 //
 // NaN/Inf inputs follow the rule of kvlab/formats/base.py, as the reference does: a vector
 // with any non-finite element is written as the format's invalid row (codes 0, NaN scale);
-// auto copies values as given. int8/fp8/nvfp4 detect it from a NaN-propagating absmax, int4
-// from max - min of the rotated vector (every rotated element depends on every input).
-// (A finite int4 input so large that its rotation overflows float32, |x| ~ 1e36, is flagged
-// invalid here but not by the reference, which rotates in float64.)
+// auto copies the input bytes as given. int8/fp8/nvfp4 detect it from a NaN-propagating absmax.
+// int4: a rotated value beyond the input dtype's finite range saturates at ± its max, as in the
+// reference (finite input, e.g. fp16 whose rotation exceeds 65504, or bf16 near its max whose
+// float32 rotation overflows); only a non-finite *input* gives the invalid row. The common path
+// flags lanes with a non-finite rounded value; their groups take a rare path that re-reads the
+// inputs and either writes the invalid row or redoes the rotation on x·2^-10 and saturates
+// (encode_store_int4).
 #include "common.cuh"
 #include "fp_codecs.cuh"
 #include "hadamard.cuh"
@@ -61,26 +70,120 @@ __device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&w)[EP
   }
 }
 
-// Store EPT byte codes packed into EPT/4 words (code j at bits 8·(j%4) of w[j/4]); p 4-aligned.
-template <int EPT>
-__device__ __forceinline__ void store_bytes(uint8_t* p, const uint32_t (&w)[EPT / 4]) {
-#pragma unroll
-  for (int k = 0; k < EPT / 4; ++k) reinterpret_cast<uint32_t*>(p)[k] = w[k];
+// Lane geometry of the row formats (auto, int8, fp8, nvfp4): NC 16-byte chunks of VEC elements per
+// lane. auto/int8/fp8: 2 chunks per lane (more at d = 512 fp32 so that LANES <= 32) spread over
+// the group — chunk c of lane l covers elements [c·VEC·LANES + l·VEC, … + VEC), so every load
+// and store instruction of the group is contiguous; nvfp4: one 16-element scale group per lane
+// (contiguous), so the group amax needs no shuffle. bf16 d=128: 8 lanes × 16 elements.
+// (kvlab/cuda/cache.py `_write_lanes` mirrors LANES.)
+template <int FMT, int D, typename T> struct WriteGeometry {
+  static constexpr int VEC = 16 / static_cast<int>(sizeof(T));
+  static constexpr int TC = D / VEC;  // 16-byte chunks per row
+  static constexpr bool CONTIG = FMT == FMT_NVFP4;
+  static constexpr int LANES = CONTIG ? D / NVFP4_GROUP : (TC / 2 > 32 ? 32 : (TC / 2 < 1 ? 1 : TC / 2));
+  static constexpr int EPT = D / LANES;
+  static constexpr int NC = EPT / VEC;
+  static constexpr int CSTRIDE = CONTIG ? VEC : VEC * LANES;  // elements between a lane's chunks
+  static constexpr int LSTRIDE = CONTIG ? EPT : VEC;          // elements between lanes
+  static_assert(D >= 16 && D <= 512 && (D & (D - 1)) == 0, "head size: power of two in 16..512");
+  static_assert(NC >= 1 && NC * VEC == EPT && EPT * LANES == D && LANES <= 32, "lanes tile the row");
+};
+
+// PTX prmt.b32 (default mode: a selector nibble with bit 3 set replicates the sign of its byte).
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t r;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(sel));
+  return r;
 }
 
-// Quantize one head vector (held by the lane group, EPT elements per lane) and store its row.
-// `row` points at the start of the (token, head) row for the row-contiguous formats; for nvfp4
-// `slab` is the (block, side) slab and (t, h) locate the data and scale bytes.
+// int8 codes of the two 16-bit elements of one raw input word (x0, x1 their float values),
+// returned in bytes 0 and 2. Reference: clamp(round_half_away(v), -128, 127), v = RN(x·inv);
+// the clamp never acts (|v| < 127.5, see int8_code_bits). Exact, with no float->int conversion
+// and the signs taken from the raw bits for both elements at once:
+//   T = RZ(|v| + 6291712.5): the 0.5-spaced grid of [2^22, 2^23) holds 6291712.5 + |v| rounded
+//       down, so bits(T) = 0x4AC00200 + f with f = floor(2|v| + 1) in [1, 255], and
+//       m = floor(|v| + 0.5) = f >> 1 (round half away of |v|).
+//   Low 16 bits of T: h = 0x200 + f. Positive: (h >> 1) = 0x100 + m, low byte m.
+//   Negative: (~h + 2) mod 2^16 = 0xFE01 - f (no carry out of the half: h >= 0x201), and
+//       (0xFE01 - f) >> 1 = 0x7F00 - m (f = 2m or 2m + 1), low byte -m mod 256.
+//   With both halves packed (P = [h0 | h1 << 16]) and Q = 0xFFFF in the halves of negative
+//   elements (prmt sign replication of the raw bf16/fp16 sign bits; v has x's sign since
+//   inv > 0, -0 and flushed subnormals included): codes = ((P ^ Q) + (Q & 0x00020002)) >> 1.
+// tests/gpu compare every code with the reference; the emulation in docs/perf-notes.md checked
+// 28.6 M values (every tie k + 0.5 and its neighbours included).
+__device__ __forceinline__ uint32_t int8_code_pair(float x0, float x1, uint32_t raw, float inv) {
+  const uint32_t t0 = __float_as_uint(__fadd_rz(fabsf(__fmul_rn(x0, inv)), 6291712.5f));
+  const uint32_t t1 = __float_as_uint(__fadd_rz(fabsf(__fmul_rn(x1, inv)), 6291712.5f));
+  const uint32_t p = prmt(t0, t1, 0x5410u);
+  const uint32_t q = prmt(raw, 0u, 0xBB99u);
+  return ((p ^ q) + (q & 0x00020002u)) >> 1;
+}
+
+template <typename T> struct IsBf16 { static constexpr bool value = false; };
+template <> struct IsBf16<__nv_bfloat16> { static constexpr bool value = true; };
+
+// 16 raw bytes -> VEC floats at x[off …]. bf16 -> float32 is a 16-bit shift (exact), done on the
+// raw words: one instruction per element (shift or mask).
+template <typename T, int EPT>
+__device__ __forceinline__ void raw16_to_float(uint4 raw, float (&x)[EPT], int off) {
+  if constexpr (IsBf16<T>::value) {
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      x[off + 2 * k] = __uint_as_float(w[k] << 16);
+      x[off + 2 * k + 1] = __uint_as_float(w[k] & 0xFFFF0000u);
+    }
+  } else {
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int j = 0; j < 16 / static_cast<int>(sizeof(T)); ++j) x[off + j] = to_float(e[j]);
+  }
+}
+
+// E2M1 code of q = |x| / denom (>= 0; +inf saturates) with x's sign, plus a constant bias, in
+// a form that packs with one shift-add per element (the bias of 8 codes is removed once per
+// word). As e2m1_encode_abs (fp_codecs.cuh): within the binade 2^e of max(a, 1), a = min(q, 6),
+// e in {0, 1, 2}, the grid step is 2^(e-1), so S = RN(a + 2^(22+e)) (one FMA: 2^e · 2^22 + a)
+// rounds a to the E2M1 grid with RNE and bits(S) = bits(2^(22+e)) + k, code = k + 2e. Then
+//   V = bits(S) - bits(2^e) + (x & 2^31)  = s·2^31 + (22 << 23) + k     (the exponents cancel)
+//   V + (V >> 28) + (bits(2^e) >> 22)     = s·2^31 + (22 << 23) + 254 + (k + 2e + 8s)
+// i.e. the 4-bit code (sign in bit 3: negative values rounding to zero keep it, -0 too) plus
+// the bias B = (22 << 23) + 254, plus s·2^31, which vanishes modulo 2^32 once shifted by
+// 4·j >= 4 (element 0 of a word masks it). Checked against the reference codec on 4 M values
+// (every decision point and its neighbours included), docs/perf-notes.md.
+constexpr uint32_t E2M1_CODE_BIAS = (22u << 23) + 254u;
+constexpr uint32_t E2M1_PACK_BIAS =
+    E2M1_CODE_BIAS + (E2M1_CODE_BIAS << 4) + (E2M1_CODE_BIAS << 8) + (E2M1_CODE_BIAS << 12) +
+    (E2M1_CODE_BIAS << 16) + (E2M1_CODE_BIAS << 20) + (E2M1_CODE_BIAS << 24) + (E2M1_CODE_BIAS << 28);
+__device__ __forceinline__ uint32_t e2m1_code_biased(float q, uint32_t xbits) {
+  const float a = fminf(q, 6.0f);
+  const uint32_t eb = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;  // 2^e
+  const uint32_t S = __float_as_uint(fmaf(__uint_as_float(eb), 4194304.0f, a));
+  const uint32_t V = S - eb + (xbits & 0x80000000u);
+  return V + (V >> 28) + (eb >> 22);
+}
+
+// Quantize one head vector (held by the lane group as G::NC raw 16-byte chunks per lane) and
+// store its row. `row` points at the start of the (token, head) row for the row-contiguous
+// formats; for nvfp4 `slab` is the (block, side) slab and (t, h) locate the data and scale bytes.
 template <int FMT, int D, typename T, bool SWIZZLE>
-__device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT], bool active, int lig,
-                                             uint8_t* row, uint8_t* slab, int t, int h, int H,
+__device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FMT, D, T>::NC], bool active,
+                                             int lig, uint8_t* row, uint8_t* slab, int t, int h, int H,
                                              int block_size, float global_scale) {
-  using G = RowGeometry<D, T>;
-  constexpr int EPT = G::EPT, LANES = G::LANES;
+  using G = WriteGeometry<FMT, D, T>;
+  constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
   if constexpr (FMT == FMT_AUTO) {
-    if (active) store_elems<T, EPT>(reinterpret_cast<T*>(row) + lig * EPT, x);
+    // values as given: the raw bytes
+    if (active) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c)
+        *reinterpret_cast<uint4*>(row + (c * G::CSTRIDE + lig * G::LSTRIDE) * sizeof(T)) = raw[c];
+    }
   } else if constexpr (FMT == FMT_INT8 || FMT == FMT_FP8) {
     // row: d code bytes | float32 scale
+    float x[EPT];
+#pragma unroll
+    for (int c = 0; c < NC; ++c) raw16_to_float<T, EPT>(raw[c], x, c * VEC);
     float amax = 0.0f;
 #pragma unroll
     for (int j = 0; j < EPT; ++j) amax = fmax_nan(amax, fabsf(x[j]));
@@ -89,72 +192,78 @@ __device__ __forceinline__ void encode_store(float (&x)[RowGeometry<D, T>::EPT],
     const bool bad = !(amax <= 3.402823466e38f);  // NaN or Inf in the vector
     float scale = per_token_head_scale<FMT>(amax);
     const float inv = __frcp_rn(scale);
-    uint32_t w[EPT / 4];
 #pragma unroll
-    for (int k = 0; k < EPT / 4; ++k) {
-      const uint32_t c = per_token_head_encode4<FMT>(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3], inv);
-      w[k] = bad ? 0u : c;
+    for (int c = 0; c < NC; ++c) {
+      uint32_t w[VEC / 4];
+#pragma unroll
+      for (int k = 0; k < VEC / 4; ++k) {
+        const int e = c * VEC + 4 * k;
+        uint32_t code;
+        if constexpr (FMT == FMT_INT8 && sizeof(T) == 2) {
+          const uint32_t* r = reinterpret_cast<const uint32_t*>(&raw[c]);
+          code = prmt(int8_code_pair(x[e], x[e + 1], r[2 * k], inv),
+                      int8_code_pair(x[e + 2], x[e + 3], r[2 * k + 1], inv), 0x6420u);
+        } else {
+          code = per_token_head_encode4<FMT>(x[e], x[e + 1], x[e + 2], x[e + 3], inv);
+        }
+        w[k] = bad ? 0u : code;
+      }
+      if (active) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(row + c * G::CSTRIDE + lig * G::LSTRIDE);
+#pragma unroll
+        for (int k = 0; k < VEC / 4; ++k) dst[k] = w[k];
+      }
     }
     if (bad) scale = __uint_as_float(INVALID_SCALE_BITS);
-    if (active) {
-      store_bytes<EPT>(row + lig * EPT, w);
-      if (lig == 0) *reinterpret_cast<float*>(row + D) = scale;
-    }
+    if (active && lig == 0) *reinterpret_cast<float*>(row + D) = scale;
   } else {
     static_assert(FMT == FMT_NVFP4, "unknown format");
-    // groups of 16 elements: either LPG lanes per group (EPT < 16) or EPT/16 groups per lane
-    constexpr int LPG = EPT >= NVFP4_GROUP ? 1 : NVFP4_GROUP / EPT;
-    constexpr int GPL = EPT >= NVFP4_GROUP ? EPT / NVFP4_GROUP : 1;
-    constexpr int GE = EPT >= NVFP4_GROUP ? NVFP4_GROUP : EPT;  // elements of one group in this lane
-    uint32_t w[EPT >= 8 ? EPT / 8 : 1] = {};
-    uint32_t sf[GPL];
-    float amax_g[GPL];
-    float amax_all = 0.0f;
+    static_assert(EPT == NVFP4_GROUP, "one scale group per lane");
+    float x[EPT];
 #pragma unroll
-    for (int g = 0; g < GPL; ++g) {
-      float amax = 0.0f;
+    for (int c = 0; c < NC; ++c) raw16_to_float<T, EPT>(raw[c], x, c * VEC);
+    float amax = 0.0f;
 #pragma unroll
-      for (int j = 0; j < GE; ++j) amax = fmax_nan(amax, fabsf(x[g * GE + j]));
+    for (int j = 0; j < EPT; ++j) amax = fmax_nan(amax, fabsf(x[j]));
+    // NaN/Inf anywhere in the vector (max.NaN propagates it)
+    float amax_all = amax;
 #pragma unroll
-      for (int o = LPG / 2; o > 0; o >>= 1) amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      amax_g[g] = amax;
-      amax_all = fmax_nan(amax_all, amax);
-    }
-    // NaN/Inf anywhere in the vector (max.NaN propagates it through the group amaxes)
-#pragma unroll
-    for (int o = LANES / 2; o >= LPG; o >>= 1)
+    for (int o = LANES / 2; o > 0; o >>= 1)
       amax_all = fmax_nan(amax_all, __shfl_xor_sync(0xffffffffu, amax_all, o));
     const bool bad = !(amax_all <= 3.402823466e38f);
-    const float inv_gs = global_scale == 1.0f ? 1.0f : __frcp_rn(global_scale);
+    const bool gs1 = global_scale == 1.0f;  // uniform over the launch
+    const float inv_gs = gs1 ? 1.0f : __frcp_rn(global_scale);
+    uint32_t sf = nvfp4_scale_encode_fast(amax, global_scale, inv_gs);
+    const float denom = nvfp4_denom(sf, global_scale);
+    const float r = __frcp_rn(denom);  // once per group
+    const bool zero = bad || denom == 0.0f;  // codes 0 when sf == 0 (and for the invalid row)
+    float q[EPT];  // |x| / denom, correctly rounded as the reference's float32 division
+    if (gs1) {
+      // denom is an E4M3 value (4 significant bits): 2 FMA-pipe instructions per element from
+      // the reciprocal split r + r_lo (nvfp4_div_e4m3, quant_formats.cuh)
+      const float r_lo = nvfp4_recip_lo(denom, r);
 #pragma unroll
-    for (int g = 0; g < GPL; ++g) {
-      sf[g] = nvfp4_scale_encode_fast(amax_g[g], global_scale, inv_gs);
-      const float denom = nvfp4_denom(sf[g], global_scale);
-      const float r = __frcp_rn(denom);                       // once per group
-      const bool zero = bad || denom == 0.0f;  // codes 0 when sf == 0 (and for the invalid row)
-      uint32_t gw[GE >= 8 ? GE / 8 : 1] = {};  // this group's codes, packed
+      for (int j = 0; j < EPT; ++j) q[j] = nvfp4_div_e4m3(fabsf(x[j]), r, r_lo);
+    } else {
 #pragma unroll
-      for (int j = 0; j < GE; ++j) {
-        // |x| / denom (the sign of x / denom is x's, -0 included: code 8 as in the reference)
-        const float q = div_rn_by_recip(fabsf(x[g * GE + j]), denom, r);
-        const uint32_t code = ((__float_as_uint(x[g * GE + j]) >> 28) & 0x8u) | e2m1_encode_abs(q);
-        gw[j / 8] |= code << (4 * (j % 8));
-      }
-#pragma unroll
-      for (int k = 0; k < (GE >= 8 ? GE / 8 : 1); ++k) {
-        const int e0 = g * GE + 8 * k;  // first element of this word
-        w[e0 / 8] |= (zero ? 0u : gw[k]) << (4 * (e0 % 8));
-      }
-      if (bad) sf[g] = NVFP4_INVALID_SCALE_BYTE;
+      for (int j = 0; j < EPT; ++j) q[j] = div_rn_by_recip(fabsf(x[j]), denom, r);
     }
+    uint32_t w[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      uint32_t acc = 0u - E2M1_PACK_BIAS;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        uint32_t y = e2m1_code_biased(q[8 * k + j], __float_as_uint(x[8 * k + j]));
+        if (j == 0) y &= 0x7FFFFFFFu;  // its sign term s·2^31 would land on nibble 7's sign bit
+        acc += y << (4 * j);
+      }
+      w[k] = zero ? 0u : acc;
+    }
+    if (bad) sf = NVFP4_INVALID_SCALE_BYTE;
     if (active) {
       store_nibbles<EPT>(slab + nvfp4_data_offset(t, h, H, D) + lig * (EPT / 2), w);
-      if (lig % LPG == 0) {
-        const int g0 = (lig * EPT) / NVFP4_GROUP;
-#pragma unroll
-        for (int g = 0; g < GPL; ++g)
-          slab[nvfp4_scale_offset(t, h, g0 + g, block_size, H, D, SWIZZLE)] = static_cast<uint8_t>(sf[g]);
-      }
+      slab[nvfp4_scale_offset(t, h, lig, block_size, H, D, SWIZZLE)] = static_cast<uint8_t>(sf);
     }
   }
 }
@@ -169,37 +278,37 @@ template <int D, typename T> struct Int4Geometry {
   static_assert(NC >= 1 && EPT % VEC == 0, "whole 16-byte chunks per lane");
 };
 
-template <typename T> struct Pair;
+template <typename T> struct Pair {  // float32: only MAX is used
+  static constexpr float MAX = 3.402823466e38f;
+};
 template <> struct Pair<__nv_bfloat16> {
   using V = __nv_bfloat162;
+  static constexpr float MAX = 3.38953139e38f;  // largest finite bf16
   static __device__ __forceinline__ V pack(float a, float b) { return __floats2bfloat162_rn(a, b); }
-  static __device__ __forceinline__ float2 unpack(V v) { return __bfloat1622float2(v); }
+  static __device__ __forceinline__ float2 unpack(V v) {  // exact: the bf16 bits in the high half
+    const uint32_t u = *reinterpret_cast<const uint32_t*>(&v);
+    return make_float2(__uint_as_float(u << 16), __uint_as_float(u & 0xFFFF0000u));
+  }
 };
 template <> struct Pair<__half> {
   using V = __half2;
+  static constexpr float MAX = 65504.0f;
   static __device__ __forceinline__ V pack(float a, float b) { return __floats2half2_rn(a, b); }
   static __device__ __forceinline__ float2 unpack(V v) { return __half22float2(v); }
 };
 
-// 16 raw bytes -> VEC floats at x[off …].
-template <typename T, int EPT>
-__device__ __forceinline__ void raw16_to_float(uint4 raw, float (&x)[EPT], int off) {
-  const T* e = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-  for (int j = 0; j < 16 / static_cast<int>(sizeof(T)); ++j) x[off + j] = to_float(e[j]);
+__device__ __forceinline__ float fmin_nan(float a, float b) {
+  float r;
+  asm("min.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
 }
 
-// int4_per_token_head: x holds s ⊙ (head vector) already (signs applied to the raw loads) in
-// the chunked layout. Rotate, round to T, min/max, codes, one 16-byte chunk -> VEC/2 code bytes.
-template <int D, typename T>
-__device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>::EPT], bool active,
-                                                  int lig, uint8_t* row) {
-  using G = Int4Geometry<D, T>;
-  constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
-  wht_chunked<EPT, LANES, VEC>(x, lig);
-  float mn, mx;
+// x (float32, rotated) -> rounded to the input dtype T in place; lane-local min and max of the
+// rounded values, NaN-propagating (a NaN anywhere makes both NaN).
+template <typename T, int EPT>
+__device__ __forceinline__ void round_minmax(float (&x)[EPT], float& mn, float& mx) {
   if constexpr (sizeof(T) == 2) {
-    // round to the input dtype two at a time; min/max on the packed pairs
+    // two at a time; min/max on the packed pairs
     using P = Pair<T>;
     typename P::V vmin, vmax;
 #pragma unroll
@@ -209,41 +318,122 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
         vmin = v;
         vmax = v;
       } else {
-        vmin = __hmin2(vmin, v);
-        vmax = __hmax2(vmax, v);
+        vmin = __hmin2_nan(vmin, v);
+        vmax = __hmax2_nan(vmax, v);
       }
       const float2 f = P::unpack(v);
       x[2 * j] = f.x;
       x[2 * j + 1] = f.y;
     }
     const float2 a = P::unpack(vmin), b = P::unpack(vmax);
-    mn = fminf(a.x, a.y);
-    mx = fmaxf(b.x, b.y);
+    mn = fmin_nan(a.x, a.y);
+    mx = fmax_nan(b.x, b.y);
   } else {
     mn = x[0];
     mx = x[0];
 #pragma unroll
     for (int j = 1; j < EPT; ++j) {
-      mn = fminf(mn, x[j]);
-      mx = fmaxf(mx, x[j]);
+      mn = fmin_nan(mn, x[j]);
+      mx = fmax_nan(mx, x[j]);
+    }
+  }
+}
+
+// int4 codes of one 16-byte chunk (VEC elements at x[c·VEC …]) packed in a word, element j at
+// bits 4j. Each code is (bits(RZ(v + 2^22 + 0.5)) >> 1) minus a constant (round_half_up_bits):
+// the constants of the VEC codes are removed once per word, so packing is one shift-add each.
+// CLAMP: clamp v to [0, 15] first (SPEC 2.1); without it the caller has checked that every v of
+// the vector lies in [-0.5, 15.5), where the clamp cannot change the code (v in [-0.5, 0)
+// rounds to 0 = the clamped code; the reference's round_half_away(-0.5) = -1 clamps to 0).
+template <int VEC, bool CLAMP, int EPT>
+__device__ __forceinline__ uint32_t int4_chunk_codes(const float (&x)[EPT], int c, const Int4Params& p) {
+  constexpr uint32_t B = 0x25400000u;  // bits(2^22) >> 1
+  uint32_t bias = 0;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) bias += B << (4 * j);
+  uint32_t w = 0u - bias;
+#pragma unroll
+  for (int j = 0; j < VEC; ++j) {
+    float v = __fadd_rn(__fmul_rn(x[c * VEC + j], p.inv_scale), p.zp);
+    if constexpr (CLAMP) v = fminf(fmaxf(v, 0.0f), 15.0f);
+    w += round_half_up_bits(v) << (4 * j);
+  }
+  return VEC == 8 ? w : (w & 0xFFFFu);
+}
+
+// int4_per_token_head: x holds s ⊙ (head vector) already (signs applied to the raw loads) in
+// the chunked layout; `src` is this lane's first input element (chunk c at src + c·VEC·LANES,
+// read again only on the rare path). Rotate, round to T, min/max, codes, one 16-byte chunk ->
+// VEC/2 code bytes.
+//
+// Saturation and the NaN/Inf rule (formats/int4_per_token_head.py, formats/base.py): a rotated
+// value beyond T's finite range saturates at ±max(T); a vector with a non-finite input is the
+// invalid row. The common path rounds without saturating and flags a lane whose rounded values
+// are not all finite (or whose max - min overflows); any flagged lane sends its group (uniformly)
+// to the rare path, which re-reads the inputs: non-finite input -> invalid row; otherwise the
+// rotation is redone on x·2^-10 (exact power-of-two scaling; no float32 overflow even at
+// |x| = max(bf16), d = 512), scaled back by 2^10 in float32 and clamped to ±max(T) before the
+// rounding, which is the reference's clip-then-round. (Scaling changes nothing else: the same
+// float32 operations on values 2^10 times smaller, except that inputs below 2^-116 flush to
+// zero, which cannot move a code of a vector whose rotation overflowed.)
+template <int D, typename T>
+__device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>::EPT], bool active,
+                                                  int lig, uint8_t* row, const T* src) {
+  using G = Int4Geometry<D, T>;
+  constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
+  wht_chunked<EPT, LANES, VEC>(x, lig);
+  float mn, mx;
+  round_minmax<T, EPT>(x, mn, mx);
+  const bool flag = !(__fsub_rn(mx, mn) <= 3.402823466e38f);  // NaN, ±inf or overflow
+  const unsigned lane = threadIdx.x & 31u;
+  const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane & ~(LANES - 1u));
+  bool bad = false;
+  if (__ballot_sync(0xffffffffu, flag) & gmask) {
+    // rare path, taken by whole groups (inactive lanes hold zeros and never flag); x is
+    // reloaded in place (its common-path values are not needed any more)
+    bool nonfinite = false;
+#pragma unroll
+    for (int c = 0; c < NC; ++c) {
+      uint4 r = make_uint4(0, 0, 0, 0);
+      if (active) r = __ldg(reinterpret_cast<const uint4*>(src + c * VEC * LANES));
+      raw16_to_float<T, EPT>(rht_signs_raw16<T>(r, c * VEC * LANES + lig * VEC), x, c * VEC);
+    }
+#pragma unroll
+    for (int j = 0; j < EPT; ++j) nonfinite |= !(fabsf(x[j]) <= 3.402823466e38f);
+    bad = (__ballot_sync(gmask, nonfinite) & gmask) != 0;
+    if (!bad) {
+#pragma unroll
+      for (int j = 0; j < EPT; ++j) x[j] = __fmul_rn(x[j], 0.0009765625f);  // 2^-10
+      wht_chunked<EPT, LANES, VEC>(x, lig, gmask);
+      constexpr float BIG = Pair<T>::MAX;  // largest finite value of T
+#pragma unroll
+      for (int j = 0; j < EPT; ++j) x[j] = fminf(fmaxf(__fmul_rn(x[j], 1024.0f), -BIG), BIG);
+      round_minmax<T, EPT>(x, mn, mx);
     }
   }
   mn = group_min<LANES>(mn);
   mx = group_max<LANES>(mx);
-  // NaN/Inf rule: every rotated element depends on every input with weight ±1, so a NaN or
-  // Inf input makes every output non-finite, and mx - mn is then non-finite too.
-  const bool bad = !isfinite(mx - mn);
   const Int4Params p = int4_qparams(mn, mx);
+  // codes without the [0, 15] clamp when every v of every vector of the warp lies in
+  // [-0.5, 15.5) (v is monotonic in y, so checking mn and mx suffices) — the usual case
+  const float vlo = __fadd_rn(__fmul_rn(mn, p.inv_scale), p.zp);
+  const float vhi = __fadd_rn(__fmul_rn(mx, p.inv_scale), p.zp);
+  const bool noclamp = __all_sync(0xffffffffu, bad || (vlo >= -0.5f && vhi < 15.5f));
+  uint32_t w[NC];
+  if (noclamp) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes<VEC, false>(x, c, p);
+  } else {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes<VEC, true>(x, c, p);
+  }
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
-    uint32_t w = 0;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) w |= int4_encode(x[c * VEC + j], p) << (4 * j);
-    if (bad) w = 0;
     uint8_t* dst = row + (c * VEC * LANES + lig * VEC) / 2;
     if (active) {
-      if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = w;
-      else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
+      const uint32_t v = bad ? 0u : w[c];
+      if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = v;
+      else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(v);
     }
   }
   if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = bad ? INVALID_SCALE_BITS : p.word;
@@ -256,8 +446,15 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
 // contiguous, uint8 (or T for auto). slot_mapping: int64 (num_tokens,), < 0 = skip.
 // k_scale / v_scale: nvfp4 global (dequantization) scales, unused otherwise.
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
+// int4 (16-bit input, d = 64..256): 3 resident blocks/SM (<= 85 registers) on sm_90; sm_80's
+// register allocation spills at that bound (d = 128), so 2 there.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVLAB_INT4_WRITE_BLOCKS 3
+#else
+#define KVLAB_INT4_WRITE_BLOCKS 2
+#endif
 template <int FMT, int D, typename T, bool SWIZZLE>
-__global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D <= 256) ? 3 : 2) reshape_and_cache(
+__global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D >= 64 && D <= 256) ? KVLAB_INT4_WRITE_BLOCKS : 2) reshape_and_cache(
     const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
     long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
     long long num_tokens, int H, int block_size, float k_scale, float v_scale) {
@@ -297,18 +494,19 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
 #pragma unroll
       for (int c = 0; c < NC; ++c)
         raw16_to_float<T, EPT>(rht_signs_raw16<T>(rk[c], c * VEC * LANES + lig * VEC), x, c * VEC);
-      encode_store_int4<D, T>(x, active, lig, row_k);
+      encode_store_int4<D, T>(x, active, lig, row_k, key + token * key_stride + h * D + lig * VEC);
     }
     {
       float x[EPT];
 #pragma unroll
       for (int c = 0; c < NC; ++c)
         raw16_to_float<T, EPT>(rht_signs_raw16<T>(rv[c], c * VEC * LANES + lig * VEC), x, c * VEC);
-      encode_store_int4<D, T>(x, active, lig, row_k + side_bytes);
+      encode_store_int4<D, T>(x, active, lig, row_k + side_bytes,
+                              value + token * value_stride + h * D + lig * VEC);
     }
   } else {
-  using G = RowGeometry<D, T>;
-  constexpr int EPT = G::EPT, LANES = G::LANES;
+  using G = WriteGeometry<FMT, D, T>;
+  constexpr int LANES = G::LANES, NC = G::NC;
   static_assert(!SWIZZLE || D >= 64, "the V-scale swizzle needs d/16 % 4 == 0");
   const int lig = threadIdx.x & (LANES - 1);
   const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
@@ -318,13 +516,18 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
   if (token < num_tokens) slot = slot_mapping[token];
   const bool active = slot >= 0;
 
-  float xk[EPT], xv[EPT];
-  if (active) {
-    load_elems<T, EPT>(key + token * key_stride + h * D + lig * EPT, xk);
-    load_elems<T, EPT>(value + token * value_stride + h * D + lig * EPT, xv);
-  } else {
+  // all 2·NC 16-byte loads first
+  uint4 rk[NC], rv[NC];
 #pragma unroll
-    for (int j = 0; j < EPT; ++j) { xk[j] = 0.0f; xv[j] = 0.0f; }
+  for (int c = 0; c < NC; ++c) {
+    const int first = c * G::CSTRIDE + lig * G::LSTRIDE;
+    if (active) {
+      rk[c] = __ldg(reinterpret_cast<const uint4*>(key + token * key_stride + h * D + first));
+      rv[c] = __ldg(reinterpret_cast<const uint4*>(value + token * value_stride + h * D + first));
+    } else {
+      rk[c] = make_uint4(0, 0, 0, 0);
+      rv[c] = make_uint4(0, 0, 0, 0);
+    }
   }
   const long long blk = active ? slot / block_size : 0;
   const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
@@ -334,7 +537,7 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
   uint8_t* slab_k = cache + (blk * 2 + 0) * side_bytes;
   uint8_t* slab_v = slab_k + side_bytes;
   const long long row_off = (static_cast<long long>(t) * H + h) * ROW;
-  encode_store<FMT, D, T, false>(xk, active, lig, slab_k + row_off, slab_k, t, h, H, block_size, k_scale);
-  encode_store<FMT, D, T, SWIZZLE>(xv, active, lig, slab_v + row_off, slab_v, t, h, H, block_size, v_scale);
+  encode_store<FMT, D, T, false>(rk, active, lig, slab_k + row_off, slab_k, t, h, H, block_size, k_scale);
+  encode_store<FMT, D, T, SWIZZLE>(rv, active, lig, slab_v + row_off, slab_v, t, h, H, block_size, v_scale);
   }
 }

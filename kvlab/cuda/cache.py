@@ -60,11 +60,15 @@ def _lanes(d: int, itemsize: int) -> int:
 
 
 def _write_lanes(fmt_name: str, d: int, itemsize: int) -> int:
-    """Lanes per (token, head) of the write kernel: ``Int4Geometry`` (up to 32 elements per
-    lane) for int4, ``RowGeometry`` otherwise (kernels_cu/reshape_and_cache.cu)."""
+    """Lanes per (token, head) of the write kernel (kernels_cu/reshape_and_cache.cu):
+    ``Int4Geometry`` (up to 32 elements per lane) for int4, ``WriteGeometry`` otherwise — one
+    16-element scale group per lane for nvfp4, two 16-byte chunks per lane (at most 32 lanes)
+    for auto/int8/fp8."""
     if fmt_name == "int4_per_token_head":
         return d // min(d, 32)
-    return _lanes(d, itemsize)
+    if fmt_name == "nvfp4":
+        return d // 16
+    return max(1, min(32, d // (16 // itemsize) // 2))
 
 
 def _rows(x):
