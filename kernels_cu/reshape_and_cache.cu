@@ -7,18 +7,19 @@
 // bf16 in: reads 2·256 bytes, writes 2·row bytes (auto 256, int8/fp8 132, int4 68, nvfp4 72).
 // Consecutive groups are consecutive heads of one token, so K/V reads and cache-row writes are
 // contiguous across a warp.
-//   auto, int8, fp8: WriteGeometry — two 16-byte chunks per lane, interleaved over the group
-//         (bf16 d=128: 8 lanes × 16 elements), so the per-thread index work and the absmax
-//         shuffles are spread over 32 elements per thread (K and V).
-//   nvfp4: WriteGeometry — one 16-element scale group per lane (bf16 d=128: 8 lanes).
+//   auto, int8, fp8: WriteGeometry — four 16-byte chunks per lane, interleaved over the group
+//         (bf16 d=128: 4 lanes × 32 elements), so the per-thread index work, the per-vector
+//         scale work and the absmax shuffles are spread over 64 elements per thread (K and V).
+//   nvfp4: WriteGeometry — two contiguous 16-element scale groups per lane (bf16 d=128:
+//         4 lanes), group amax without shuffles.
 //   int4: Int4Geometry — up to 32 elements per lane as 16-byte chunks (bf16 d=128: 4 lanes ×
 //         4 chunks), so the RHT runs mostly in registers (wht_chunked: 2 shuffle stages).
 // At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
 // ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
 // adds instead), no per-element IEEE division (nvfp4: a 2-instruction exact division by an
 // E4M3 divisor at global scale 1, Markstein's correction otherwise), hardware E4M3 conversion
-// on sm_89+, signs XORed into the raw loads (int4) or taken from the raw sign bits (int8),
-// codes packed with shift-adds of biased values.
+// on sm_89+, absmax on packed bf16x2/f16x2 raw words, signs XORed into the raw loads (int4) or
+// gathered from the raw sign bits (int8, nvfp4), codes packed with shift-adds of biased values.
 //
 // Skipped tokens (slot < 0) and the grid tail keep running on zeros (the shuffles need every
 // lane) but load and store nothing: their cache rows are untouched.
@@ -71,16 +72,18 @@ __device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&w)[EP
 }
 
 // Lane geometry of the row formats (auto, int8, fp8, nvfp4): NC 16-byte chunks of VEC elements per
-// lane. auto/int8/fp8: 2 chunks per lane (more at d = 512 fp32 so that LANES <= 32) spread over
-// the group — chunk c of lane l covers elements [c·VEC·LANES + l·VEC, … + VEC), so every load
-// and store instruction of the group is contiguous; nvfp4: one 16-element scale group per lane
-// (contiguous), so the group amax needs no shuffle. bf16 d=128: 8 lanes × 16 elements.
+// lane. auto/int8/fp8: 4 chunks per lane (fewer lanes than 1 impossible, more chunks at d = 512
+// fp32 so that LANES <= 32) spread over the group — chunk c of lane l covers elements
+// [c·VEC·LANES + l·VEC, … + VEC), so every load and store instruction of the group is
+// contiguous; nvfp4: two 16-element scale groups per lane, contiguous (one at d = 16), so the
+// group amax needs no shuffle. bf16 d=128: 4 lanes × 32 elements. 64 elements per thread (K and
+// V) spread the per-thread index arithmetic and the per-vector scale work thin.
 // (kvlab/cuda/cache.py `_write_lanes` mirrors LANES.)
 template <int FMT, int D, typename T> struct WriteGeometry {
   static constexpr int VEC = 16 / static_cast<int>(sizeof(T));
   static constexpr int TC = D / VEC;  // 16-byte chunks per row
   static constexpr bool CONTIG = FMT == FMT_NVFP4;
-  static constexpr int LANES = CONTIG ? D / NVFP4_GROUP : (TC / 2 > 32 ? 32 : (TC / 2 < 1 ? 1 : TC / 2));
+  static constexpr int LANES = CONTIG ? D / (D < 32 ? D : 32) : (TC / 4 > 32 ? 32 : (TC / 4 < 1 ? 1 : TC / 4));
   static constexpr int EPT = D / LANES;
   static constexpr int NC = EPT / VEC;
   static constexpr int CSTRIDE = CONTIG ? VEC : VEC * LANES;  // elements between a lane's chunks
@@ -112,8 +115,9 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 // tests/gpu compare every code with the reference; the emulation in docs/perf-notes.md checked
 // 28.6 M values (every tie k + 0.5 and its neighbours included).
 __device__ __forceinline__ uint32_t int8_code_pair(float x0, float x1, uint32_t raw, float inv) {
-  const uint32_t t0 = __float_as_uint(__fadd_rz(fabsf(__fmul_rn(x0, inv)), 6291712.5f));
-  const uint32_t t1 = __float_as_uint(__fadd_rz(fabsf(__fmul_rn(x1, inv)), 6291712.5f));
+  // |v| = RN(|x|·inv) (inv > 0; RN is symmetric)
+  const uint32_t t0 = __float_as_uint(__fadd_rz(__fmul_rn(fabsf(x0), inv), 6291712.5f));
+  const uint32_t t1 = __float_as_uint(__fadd_rz(__fmul_rn(fabsf(x1), inv), 6291712.5f));
   const uint32_t p = prmt(t0, t1, 0x5410u);
   const uint32_t q = prmt(raw, 0u, 0xBB99u);
   return ((p ^ q) + (q & 0x00020002u)) >> 1;
@@ -140,27 +144,74 @@ __device__ __forceinline__ void raw16_to_float(uint4 raw, float (&x)[EPT], int o
   }
 }
 
-// E2M1 code of q = |x| / denom (>= 0; +inf saturates) with x's sign, plus a constant bias, in
-// a form that packs with one shift-add per element (the bias of 8 codes is removed once per
-// word). As e2m1_encode_abs (fp_codecs.cuh): within the binade 2^e of max(a, 1), a = min(q, 6),
-// e in {0, 1, 2}, the grid step is 2^(e-1), so S = RN(a + 2^(22+e)) (one FMA: 2^e · 2^22 + a)
-// rounds a to the E2M1 grid with RNE and bits(S) = bits(2^(22+e)) + k, code = k + 2e. Then
-//   V = bits(S) - bits(2^e) + (x & 2^31)  = s·2^31 + (22 << 23) + k     (the exponents cancel)
-//   V + (V >> 28) + (bits(2^e) >> 22)     = s·2^31 + (22 << 23) + 254 + (k + 2e + 8s)
-// i.e. the 4-bit code (sign in bit 3: negative values rounding to zero keep it, -0 too) plus
-// the bias B = (22 << 23) + 254, plus s·2^31, which vanishes modulo 2^32 once shifted by
-// 4·j >= 4 (element 0 of a word masks it). Checked against the reference codec on 4 M values
-// (every decision point and its neighbours included), docs/perf-notes.md.
-constexpr uint32_t E2M1_CODE_BIAS = (22u << 23) + 254u;
-constexpr uint32_t E2M1_PACK_BIAS =
-    E2M1_CODE_BIAS + (E2M1_CODE_BIAS << 4) + (E2M1_CODE_BIAS << 8) + (E2M1_CODE_BIAS << 12) +
-    (E2M1_CODE_BIAS << 16) + (E2M1_CODE_BIAS << 20) + (E2M1_CODE_BIAS << 24) + (E2M1_CODE_BIAS << 28);
-__device__ __forceinline__ uint32_t e2m1_code_biased(float q, uint32_t xbits) {
-  const float a = fminf(q, 6.0f);
-  const uint32_t eb = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;  // 2^e
-  const uint32_t S = __float_as_uint(fmaf(__uint_as_float(eb), 4194304.0f, a));
-  const uint32_t V = S - eb + (xbits & 0x80000000u);
-  return V + (V >> 28) + (eb >> 22);
+// E2M1 codes of 8 quotients q[j] = |x_j| / denom (>= 0; +inf saturates), packed (element j at
+// bits 4j), with the signs of x_j (sign in bit 3: negative values rounding to zero keep it,
+// -0 too). As e2m1_encode_abs (fp_codecs.cuh): within the binade 2^e of max(a, 1), a = min(q,
+// 6), e in {0, 1, 2}, the grid step is 2^(e-1), so S = RN(a + 2^(22+e)) (one FMA: 2^e · 2^22
+// + a) rounds a to the E2M1 grid with RNE, and bits(S) = ((149 + e) << 23) + k with the
+// magnitude code k + 2e. Since bits(S) >> 22 = 298 + 2e,
+//   y_j = (bits(S) & 7) + (bits(S) >> 22) = code_j + 298,
+// and for j >= 3 the mask is not needed: (149 + e) << (23 + 4j) vanishes modulo 2^32 once
+// shifted into place. The 8 biases 298 · 16^j are removed once per word; packing is then one
+// shift-add per element. Signs: `sgn` has bit 4j + 3 set for negative x_j (other bits ignored).
+// Checked against the reference codec on 2 M words (every decision point and its neighbours,
+// both signs), docs/perf-notes.md.
+constexpr uint32_t E2M1_PACK_BIAS = 298u + (298u << 4) + (298u << 8) + (298u << 12) + (298u << 16) +
+                                    (298u << 20) + (298u << 24) + (298u << 28);
+__device__ __forceinline__ uint32_t e2m1_pack8(const float* q, uint32_t sgn) {
+  uint32_t acc = 0u - E2M1_PACK_BIAS;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float a = fminf(q[j], 6.0f);
+    const uint32_t eb = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;  // 2^e
+    const uint32_t S = __float_as_uint(fmaf(__uint_as_float(eb), 4194304.0f, a));
+    acc += ((j < 3 ? (S & 7u) : S) + (S >> 22)) << (4 * j);
+  }
+  return acc | (sgn & 0x88888888u);
+}
+
+// Sign bits of 8 16-bit elements held in raw words w0..w3 (element 2k in the low half of w_k),
+// at bits 4j + 3 (element j): sign-replicating byte permutes gather the sign bytes, one
+// select merges the halves — 6 instructions per 8 elements.
+__device__ __forceinline__ uint32_t nibble_signs16(uint32_t w0, uint32_t w1, uint32_t w2, uint32_t w3) {
+  const uint32_t p01 = prmt(w0, w1, 0xD9FBu);  // [s1, s3, s0, s2] as 0x00/0xFF bytes
+  const uint32_t p23 = prmt(w2, w3, 0xD9FBu);  // [s5, s7, s4, s6]
+  const uint32_t odd = prmt(p01, p23, 0x5410u);   // [s1, s3, s5, s7] -> bit 8k + 7
+  const uint32_t even = prmt(p01, p23, 0x7632u);  // [s0, s2, s4, s6] -> bit 8k + 3
+  return (odd & 0xF0F0F0F0u) | (even & 0x0F0F0F0Fu);
+}
+
+// max |x| over the 16-bit elements of raw words w[0 .. N), NaN-propagating (NaN if any element is
+// NaN, +inf if any is ±inf), as float32: packed bf16x2/f16x2 max on the raw words (exact: a max
+// of representable values), half an instruction per element on sm_86+ (max.NaN.xorsign.abs:
+// the magnitudes' max, sign bits garbage and dropped at the end). Subnormal inputs are kept
+// (the float32 path flushes them; either way the scale floors make them irrelevant).
+template <typename T, int N>
+__device__ __forceinline__ float absmax_raw16(const uint32_t (&w)[N]) {
+  static_assert(sizeof(T) == 2, "16-bit inputs");
+  constexpr bool BF = IsBf16<T>::value;
+  uint32_t acc = w[0] & 0x7FFF7FFFu;
+#pragma unroll
+  for (int i = 1; i < N; ++i) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+    if constexpr (BF) asm("max.NaN.xorsign.abs.bf16x2 %0, %1, %2;" : "=r"(acc) : "r"(acc), "r"(w[i]));
+    else asm("max.NaN.xorsign.abs.f16x2 %0, %1, %2;" : "=r"(acc) : "r"(acc), "r"(w[i]));
+#else
+    const uint32_t a = w[i] & 0x7FFF7FFFu;
+    if constexpr (BF) asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(acc) : "r"(acc), "r"(a));
+    else asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(acc) : "r"(acc), "r"(a));
+#endif
+  }
+  acc &= 0x7FFF7FFFu;
+  float lo, hi;
+  if constexpr (BF) {
+    lo = __uint_as_float(acc << 16);
+    hi = __uint_as_float(acc & 0xFFFF0000u);
+  } else {
+    lo = __half2float(__ushort_as_half(static_cast<unsigned short>(acc & 0xFFFFu)));
+    hi = __half2float(__ushort_as_half(static_cast<unsigned short>(acc >> 16)));
+  }
+  return fmax_nan(lo, hi);
 }
 
 // Quantize one head vector (held by the lane group as G::NC raw 16-byte chunks per lane) and
@@ -185,8 +236,17 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
 #pragma unroll
     for (int c = 0; c < NC; ++c) raw16_to_float<T, EPT>(raw[c], x, c * VEC);
     float amax = 0.0f;
+    if constexpr (sizeof(T) == 2) {
+      uint32_t wr[4 * NC];
 #pragma unroll
-    for (int j = 0; j < EPT; ++j) amax = fmax_nan(amax, fabsf(x[j]));
+      for (int c = 0; c < NC; ++c) {
+        wr[4 * c] = raw[c].x; wr[4 * c + 1] = raw[c].y; wr[4 * c + 2] = raw[c].z; wr[4 * c + 3] = raw[c].w;
+      }
+      amax = absmax_raw16<T>(wr);
+    } else {
+#pragma unroll
+      for (int j = 0; j < EPT; ++j) amax = fmax_nan(amax, fabsf(x[j]));
+    }
 #pragma unroll
     for (int o = LANES / 2; o > 0; o >>= 1) amax = fmax_nan(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     const bool bad = !(amax <= 3.402823466e38f);  // NaN or Inf in the vector
@@ -218,52 +278,79 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
     if (active && lig == 0) *reinterpret_cast<float*>(row + D) = scale;
   } else {
     static_assert(FMT == FMT_NVFP4, "unknown format");
-    static_assert(EPT == NVFP4_GROUP, "one scale group per lane");
+    constexpr int GPL = EPT / NVFP4_GROUP;  // scale groups per lane (contiguous)
+    static_assert(GPL * NVFP4_GROUP == EPT, "whole scale groups per lane");
     float x[EPT];
 #pragma unroll
     for (int c = 0; c < NC; ++c) raw16_to_float<T, EPT>(raw[c], x, c * VEC);
-    float amax = 0.0f;
+    float amax[GPL];
 #pragma unroll
-    for (int j = 0; j < EPT; ++j) amax = fmax_nan(amax, fabsf(x[j]));
+    for (int g = 0; g < GPL; ++g) {
+      if constexpr (sizeof(T) == 2) {
+        uint32_t wr[8];  // the group's 16 elements: chunks 2g, 2g + 1
+#pragma unroll
+        for (int c = 0; c < 2; ++c) {
+          const uint4 r = raw[2 * g + c];
+          wr[4 * c] = r.x; wr[4 * c + 1] = r.y; wr[4 * c + 2] = r.z; wr[4 * c + 3] = r.w;
+        }
+        amax[g] = absmax_raw16<T>(wr);
+      } else {
+        amax[g] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < NVFP4_GROUP; ++j) amax[g] = fmax_nan(amax[g], fabsf(x[g * NVFP4_GROUP + j]));
+      }
+    }
     // NaN/Inf anywhere in the vector (max.NaN propagates it)
-    float amax_all = amax;
+    float amax_all = amax[0];
+#pragma unroll
+    for (int g = 1; g < GPL; ++g) amax_all = fmax_nan(amax_all, amax[g]);
 #pragma unroll
     for (int o = LANES / 2; o > 0; o >>= 1)
       amax_all = fmax_nan(amax_all, __shfl_xor_sync(0xffffffffu, amax_all, o));
     const bool bad = !(amax_all <= 3.402823466e38f);
     const bool gs1 = global_scale == 1.0f;  // uniform over the launch
     const float inv_gs = gs1 ? 1.0f : __frcp_rn(global_scale);
-    uint32_t sf = nvfp4_scale_encode_fast(amax, global_scale, inv_gs);
-    const float denom = nvfp4_denom(sf, global_scale);
-    const float r = __frcp_rn(denom);  // once per group
-    const bool zero = bad || denom == 0.0f;  // codes 0 when sf == 0 (and for the invalid row)
-    float q[EPT];  // |x| / denom, correctly rounded as the reference's float32 division
-    if (gs1) {
-      // denom is an E4M3 value (4 significant bits): 2 FMA-pipe instructions per element from
-      // the reciprocal split r + r_lo (nvfp4_div_e4m3, quant_formats.cuh)
-      const float r_lo = nvfp4_recip_lo(denom, r);
+    uint32_t w[EPT / 8];
+    uint32_t sf[GPL];
 #pragma unroll
-      for (int j = 0; j < EPT; ++j) q[j] = nvfp4_div_e4m3(fabsf(x[j]), r, r_lo);
-    } else {
+    for (int g = 0; g < GPL; ++g) {
+      sf[g] = nvfp4_scale_encode_fast(amax[g], global_scale, inv_gs);
+      const float denom = nvfp4_denom(sf[g], global_scale);
+      const float r = __frcp_rn(denom);  // once per group
+      const bool zero = bad || denom == 0.0f;  // codes 0 when sf == 0 (and for the invalid row)
+      const float* xg = x + g * NVFP4_GROUP;
+      float q[NVFP4_GROUP];  // |x| / denom, correctly rounded as the reference's float32 division
+      if (gs1) {
+        // denom is an E4M3 value (4 significant bits): 2 FMA-pipe instructions per element from
+        // the reciprocal split r + r_lo (nvfp4_div_e4m3, quant_formats.cuh)
+        const float r_lo = nvfp4_recip_lo(denom, r);
 #pragma unroll
-      for (int j = 0; j < EPT; ++j) q[j] = div_rn_by_recip(fabsf(x[j]), denom, r);
-    }
-    uint32_t w[2];
+        for (int j = 0; j < NVFP4_GROUP; ++j) q[j] = nvfp4_div_e4m3(fabsf(xg[j]), r, r_lo);
+      } else {
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      uint32_t acc = 0u - E2M1_PACK_BIAS;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        uint32_t y = e2m1_code_biased(q[8 * k + j], __float_as_uint(x[8 * k + j]));
-        if (j == 0) y &= 0x7FFFFFFFu;  // its sign term s·2^31 would land on nibble 7's sign bit
-        acc += y << (4 * j);
+        for (int j = 0; j < NVFP4_GROUP; ++j) q[j] = div_rn_by_recip(fabsf(xg[j]), denom, r);
       }
-      w[k] = zero ? 0u : acc;
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        uint32_t sgn;
+        if constexpr (sizeof(T) == 2) {
+          const uint4 r = raw[2 * g + k];  // the word's 8 elements are one 16-byte chunk
+          sgn = nibble_signs16(r.x, r.y, r.z, r.w);
+        } else {
+          sgn = 0u;
+#pragma unroll
+          for (int j = 0; j < 8; ++j) sgn |= (__float_as_uint(xg[8 * k + j]) >> 31) << (4 * j + 3);
+        }
+        const uint32_t acc = e2m1_pack8(q + 8 * k, sgn);
+        w[2 * g + k] = zero ? 0u : acc;
+      }
+      if (bad) sf[g] = NVFP4_INVALID_SCALE_BYTE;
     }
-    if (bad) sf = NVFP4_INVALID_SCALE_BYTE;
     if (active) {
       store_nibbles<EPT>(slab + nvfp4_data_offset(t, h, H, D) + lig * (EPT / 2), w);
-      slab[nvfp4_scale_offset(t, h, lig, block_size, H, D, SWIZZLE)] = static_cast<uint8_t>(sf);
+#pragma unroll
+      for (int g = 0; g < GPL; ++g)
+        slab[nvfp4_scale_offset(t, h, lig * GPL + g, block_size, H, D, SWIZZLE)] = static_cast<uint8_t>(sf[g]);
     }
   }
 }

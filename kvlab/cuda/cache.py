@@ -61,14 +61,12 @@ def _lanes(d: int, itemsize: int) -> int:
 
 def _write_lanes(fmt_name: str, d: int, itemsize: int) -> int:
     """Lanes per (token, head) of the write kernel (kernels_cu/reshape_and_cache.cu):
-    ``Int4Geometry`` (up to 32 elements per lane) for int4, ``WriteGeometry`` otherwise — one
-    16-element scale group per lane for nvfp4, two 16-byte chunks per lane (at most 32 lanes)
-    for auto/int8/fp8."""
-    if fmt_name == "int4_per_token_head":
+    ``Int4Geometry`` (up to 32 elements per lane) for int4, ``WriteGeometry`` otherwise — two
+    16-element scale groups per lane for nvfp4 (one at d = 16), four 16-byte chunks per lane
+    (at least 1 and at most 32 lanes) for auto/int8/fp8."""
+    if fmt_name in ("int4_per_token_head", "nvfp4"):
         return d // min(d, 32)
-    if fmt_name == "nvfp4":
-        return d // 16
-    return max(1, min(32, d // (16 // itemsize) // 2))
+    return max(1, min(32, d // (16 // itemsize) // 4))
 
 
 def _rows(x):
