@@ -154,28 +154,6 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
-// 4 bytes global -> shared (.ca; both addresses 4-byte aligned). The _zfill form writes zeros
-// and reads nothing when !pred (src-size 0); the source address must still be a valid one.
-__device__ __forceinline__ void cp_async4(void* smem_dst, const void* gmem_src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async4_zfill(void* smem_dst, const void* gmem_src, bool pred) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  const int n = pred ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(s), "l"(gmem_src), "r"(n)
-               : "memory");
-}
-// The same with the destination as a 32-bit shared-window address (__cvta_generic_to_shared
-// once, outside a loop: no per-copy address conversion).
-__device__ __forceinline__ void cp_async4_sa(unsigned smem_addr, const void* gmem_src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(smem_addr), "l"(gmem_src) : "memory");
-}
-__device__ __forceinline__ void cp_async4_zfill_sa(unsigned smem_addr, const void* gmem_src, bool pred) {
-  const int n = pred ? 4 : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(smem_addr), "l"(gmem_src),
-               "r"(n) : "memory");
-}
 
 // NBYTES bytes at p in *shared* memory (aligned to ALIGN) into 32-bit words; zeros when !pred.
 template <int NBYTES, int ALIGN>

@@ -469,21 +469,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   __shared__ __align__(16) uint16_t q_sm[NCOL * D];
   __shared__ float qsum_sm[NCOL], qoff_sm[NCOL], cscale_sm[NCOL];
   __shared__ int qpos_sm[NCOL];
-  // Ring path (int4 / int8 / fp8, see the main loop): NST stages per warp of the tile's K/V
-  // words [word/4][lane][4] (NGRP·512 bytes) and parameter words [lane] (128 bytes); NST = 4,
-  // or 2 where 4 would pass ~40 KB per CTA, none (register pipeline) where 2 would. The
-  // warps' output rows (o_sm, epilogue) alias the ring.
-  constexpr int NWK = 2 * KW + 4 * VW;
-  constexpr int NGRP = NWK / 4;
-  constexpr int WST = NGRP * 512 + 128;
-  constexpr bool RING_FMT = (FMT == INT4 || FMT == INT8 || FMT == FP8) && NWK % 4 == 0;
-  constexpr int RING_BUDGET = 40 * 1024;
-  constexpr int NST = !RING_FMT ? 0 : (4 * NW * WST <= RING_BUDGET ? 4 : (2 * NW * WST <= RING_BUDGET ? 2 : 0));
-  constexpr bool RING = NST > 0;
-  constexpr int OSM_BYTES = NW * NCOL * D * 4;
-  constexpr int BIG = (RING && NST * NW * WST > OSM_BYTES) ? NST * NW * WST : OSM_BYTES;
-  __shared__ __align__(16) uint8_t big_sm[BIG];
-  float (*o_sm)[NCOL * D] = reinterpret_cast<float (*)[NCOL * D]>(big_sm);
+  __shared__ __align__(16) float o_sm[NW][NCOL * D];
   __shared__ float m_sm[NW][NCOL], l_sm[NW][NCOL];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -586,6 +572,37 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   // LOP3 and a MOV of the constant: no gain.
   const uint32_t mlo = 0x000F000Fu, mhi = 0x00F000F0u;
 
+  auto tile_load = [&](Raw& r, int t, auto masked_tag) {
+    constexpr bool MK = decltype(masked_tag)::value;
+    const int p0 = lo16 + 16 * t;
+    const int blk = bt[p0 >> bs_log2];
+    const int o = p0 & (BS - 1);
+    const uint8_t* slab = cache + static_cast<size_t>(blk) * slab2;
+    const uint8_t* base = slab + static_cast<uint32_t>(o * HR);
+    const bool in_g = !MK || p0 + g < L, in_g8 = !MK || p0 + g + 8 < L;
+    load_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
+    load_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+    load_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      const bool ok = !MK || p0 + (lane & 15) < L;
+      r.par = ok ? __ldg(reinterpret_cast<const unsigned*>(base + of.par)) : 0u;
+    } else {
+      r.par = 0u;
+    }
+    if constexpr (FMT == NVFP4) {
+      const uint8_t* sb = slab + static_cast<uint32_t>(o * (H * S));
+      load_words<S, 4>(sb + of.skg, r.skg, in_g);
+      load_words<S, 4>(sb + of.skg8, r.skg8, in_g8);
+#pragma unroll
+      for (int i = 0; i < NGV; ++i)
+#pragma unroll
+        for (int k = 0; k < 4; ++k)
+          r.sv[k][i] = (!MK || p0 + t4[k] < L) ? static_cast<uint32_t>(__ldg(sb + of.sv[k][i])) : 0u;
+    }
+  };
   using Full = MaskTag<false>;
   using Edge = MaskTag<true>;
   auto tile_math = [&](const Raw& r, int t, auto masked_tag) {
@@ -593,163 +610,35 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
     head_tile_math<FMT, D, T, MK>(r, lo16 + 16 * t, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos,
                                   L, window, mlo, mhi, lane);
   };
-  if constexpr (RING) {
-    // ---- int4 / int8 / fp8: a per-warp ring of NST tile stages in shared memory, filled with
-    // 4-byte cp.async (rows are 4-byte aligned). Every lane copies exactly the words it later
-    // reads (layout [word/4][lane][4] + [lane] for the parameter word), so no warp or CTA
-    // barrier is needed: cp.async.wait_group alone orders a lane's copies and its reads.
-    // NST − 1 tiles are in flight while one is computed (the register pipeline had one).
-    // Warp w takes the tiles w, w + NW, w + 2·NW, ... of [0, ntiles): its k-th tile is
-    // t = w + NW·k. Tiles [tf0, tf1) are full (no bounds / mask tests), the others masked.
-    const int nk = ntiles > warp ? (ntiles - warp + NW - 1) / NW : 0;
-    // Block ids a window ahead: lane j of `win` holds the block of the warp's tile k0 + j of the
-    // current window (k0 = 32·(k / 32)), `winx` the next window's. A tile's load addresses never
-    // wait on a block-table load issued for that tile (one warp load per 32 tiles, 32 tiles early).
-    auto win_load = [&](int k0) {
-      const int k = k0 + lane;
-      return k < nk ? __ldg(bt + ((lo16 + 16 * (warp + NW * k)) >> bs_log2)) : 0;
-    };
-    int win = win_load(0), winx = win_load(32);
-    auto block_of = [&](int k) {   // k warp-uniform; called once for each k = 0, 1, 2, ... in order
-      if (k > 0 && (k & 31) == 0) { win = winx; winx = win_load(k + 32); }
-      return __shfl_sync(0xffffffffu, win, k & 31);
-    };
 
-    auto math_k = [&](const Raw& r, int k) {
-      const int t = warp + NW * k;
-      if (t >= tf0 && t < tf1) tile_math(r, t, Full{});
-      else tile_math(r, t, Edge{});
-    };
-
-    uint8_t* ring_w = big_sm + warp * (NST * WST);
-    const unsigned ring_sa = static_cast<unsigned>(__cvta_generic_to_shared(ring_w)) + lane * 16;
-    const unsigned par_sa = ring_sa - lane * 12 + NGRP * 512;   // + lane·4
-    auto ring_issue = [&](int slot, int t, int blk, auto masked_tag) {
-      constexpr bool MK = decltype(masked_tag)::value;
-      const int p0 = lo16 + 16 * t;
-      const uint8_t* base = cache + static_cast<size_t>(blk) * slab2 +
-                            static_cast<uint32_t>((p0 & (BS - 1)) * HR);
-      const unsigned dst = ring_sa + slot * WST;
-      auto cp = [&](int w, const uint8_t* src, bool ok) {
-        const unsigned d = dst + (w >> 2) * 512 + (w & 3) * 4;
-        if constexpr (MK) cp_async4_zfill_sa(d, src, ok);   // rows past L: zeros (address valid: same block)
-        else cp_async4_sa(d, src);
-      };
-#pragma unroll
-      for (int i = 0; i < KW; ++i) cp(i, base + of.kg + 4 * i, p0 + g < L);
-#pragma unroll
-      for (int i = 0; i < KW; ++i) cp(KW + i, base + of.kg8 + 4 * i, p0 + g + 8 < L);
-#pragma unroll
-      for (int v = 0; v < 4; ++v)
-#pragma unroll
-        for (int i = 0; i < VW; ++i) cp(2 * KW + v * VW + i, base + of.v[v] + 4 * i, p0 + t4[v] < L);
-      const unsigned dp = par_sa + slot * WST;
-      if constexpr (MK) cp_async4_zfill_sa(dp, base + of.par, p0 + (lane & 15) < L);
-      else cp_async4_sa(dp, base + of.par);
-    };
-    auto ring_read = [&](Raw& r, int slot) {
-      const uint8_t* src = ring_w + slot * WST + lane * 16;
-      uint32_t w[4 * NGRP];
-#pragma unroll
-      for (int q4 = 0; q4 < NGRP; ++q4) {
-        const uint4 v = *reinterpret_cast<const uint4*>(src + q4 * 512);
-        w[4 * q4] = v.x; w[4 * q4 + 1] = v.y; w[4 * q4 + 2] = v.z; w[4 * q4 + 3] = v.w;
-      }
-#pragma unroll
-      for (int i = 0; i < KW; ++i) { r.ka[i] = w[i]; r.kb[i] = w[KW + i]; }
-#pragma unroll
-      for (int i = 0; i < VW; ++i) {
-        r.v0[i] = w[2 * KW + i]; r.v1[i] = w[2 * KW + VW + i];
-        r.v2[i] = w[2 * KW + 2 * VW + i]; r.v3[i] = w[2 * KW + 3 * VW + i];
-      }
-      r.par = *reinterpret_cast<const uint32_t*>(ring_w + slot * WST + NGRP * 512 + lane * 4);
-    };
-    auto issue_k = [&](int k) {
-      const int t = warp + NW * k;
-      const int blk = block_of(k);
-      if (t >= tf0 && t < tf1) ring_issue(k & (NST - 1), t, blk, Full{});
-      else ring_issue(k & (NST - 1), t, blk, Edge{});
-    };
-#pragma unroll
-    for (int k = 0; k < NST - 1; ++k) {
-      if (k < nk) issue_k(k);
-      cp_async_commit();   // one group per tile slot, empty ones included: uniform counting
+  // ---- full tiles [tf0, tf1), warp w takes tf0 + w, tf0 + w + NW, ... Software pipeline:
+  // the next tile's loads are in flight while this tile is computed (formats whose raw tile
+  // fits in ~40 registers; the others load and compute in turn).
+  if constexpr (PREFETCH) {
+    Raw cur, nxt;
+    int t = tf0 + warp;
+    if (t < tf1) tile_load(cur, t, Full{});
+    for (; t < tf1; t += 2 * NW) {
+      if (t + NW < tf1) tile_load(nxt, t + NW, Full{});
+      tile_math(cur, t, Full{});
+      if (t + NW >= tf1) break;
+      if (t + 2 * NW < tf1) tile_load(cur, t + 2 * NW, Full{});
+      tile_math(nxt, t + NW, Full{});
     }
-    for (int k = 0; k < nk; ++k) {
-      if (k + NST - 1 < nk) issue_k(k + NST - 1);   // refills the slot read in iteration k − 1
-      cp_async_commit();
-      cp_async_wait<NST - 1>();                     // tile k's group has landed
-      Raw r;
-      ring_read(r, k & (NST - 1));
-      math_k(r, k);
-    }
-    cp_async_wait<0>();
   } else {
-    // ---- nvfp4 / auto / int8-fp8 at d = 256: tiles through registers; the next tile's loads are
-    // in flight while this tile is computed (formats whose raw tile fits in ~40 registers)
-    auto tile_load = [&](Raw& r, int t, int blk, auto masked_tag) {
-      constexpr bool MK = decltype(masked_tag)::value;
-      const int p0 = lo16 + 16 * t;
-      const int o = p0 & (BS - 1);
-      const uint8_t* slab = cache + static_cast<size_t>(blk) * slab2;
-      const uint8_t* base = slab + static_cast<uint32_t>(o * HR);
-      const bool in_g = !MK || p0 + g < L, in_g8 = !MK || p0 + g + 8 < L;
-      load_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
-      load_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
-      load_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
-      load_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
-      load_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
-      load_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
-      if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-        const bool ok = !MK || p0 + (lane & 15) < L;
-        r.par = ok ? __ldg(reinterpret_cast<const unsigned*>(base + of.par)) : 0u;
-      } else {
-        r.par = 0u;
-      }
-      if constexpr (FMT == NVFP4) {
-        const uint8_t* sb = slab + static_cast<uint32_t>(o * (H * S));
-        load_words<S, 4>(sb + of.skg, r.skg, in_g);
-        load_words<S, 4>(sb + of.skg8, r.skg8, in_g8);
-#pragma unroll
-        for (int i = 0; i < NGV; ++i)
-#pragma unroll
-          for (int k = 0; k < 4; ++k)
-            r.sv[k][i] = (!MK || p0 + t4[k] < L) ? static_cast<uint32_t>(__ldg(sb + of.sv[k][i])) : 0u;
-      }
-    };
-    // Old loop structure (full tiles, then edge tiles), block ids loaded one tile ahead.
-    auto bt_of = [&](int t) { return __ldg(bt + ((lo16 + 16 * t) >> bs_log2)); };
-    if constexpr (PREFETCH) {
-      Raw cur, nxt;
-      int t = tf0 + warp;
-      if (t < tf1) tile_load(cur, t, bt_of(t), Full{});
-      int bn = t + NW < tf1 ? bt_of(t + NW) : 0;
-      for (; t < tf1; t += 2 * NW) {
-        if (t + NW < tf1) tile_load(nxt, t + NW, bn, Full{});
-        bn = t + 2 * NW < tf1 ? bt_of(t + 2 * NW) : 0;
-        tile_math(cur, t, Full{});
-        if (t + NW >= tf1) break;
-        if (t + 2 * NW < tf1) tile_load(cur, t + 2 * NW, bn, Full{});
-        bn = t + 3 * NW < tf1 ? bt_of(t + 3 * NW) : 0;
-        tile_math(nxt, t + NW, Full{});
-      }
-    } else {
-      int t = tf0 + warp;
-      int blk = t < tf1 ? bt_of(t) : 0;
-      for (; t < tf1; t += NW) {
-        const int bn = t + NW < tf1 ? bt_of(t + NW) : 0;
-        Raw cur;
-        tile_load(cur, t, blk, Full{});
-        tile_math(cur, t, Full{});
-        blk = bn;
-      }
+    for (int t = tf0 + warp; t < tf1; t += NW) {
+      Raw cur;
+      tile_load(cur, t, Full{});
+      tile_math(cur, t, Full{});
     }
-    // edge tiles [0, tf0) and [tf1, ntiles), with bounds and masks
+  }
+  // ---- edge tiles [0, tf0) and [tf1, ntiles), with bounds and masks
+  {
     const int nedge = tf0 + (ntiles - tf1);
     for (int i = warp; i < nedge; i += NW) {
       const int t = i < tf0 ? i : tf1 + (i - tf0);
       Raw cur;
-      tile_load(cur, t, bt_of(t), Edge{});
+      tile_load(cur, t, Edge{});
       tile_math(cur, t, Edge{});
     }
   }
@@ -759,7 +648,6 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   l += __shfl_xor_sync(0xffffffffu, l, 2);
   z += __shfl_xor_sync(0xffffffffu, z, 1);
   z += __shfl_xor_sync(0xffffffffu, z, 2);
-  if constexpr (RING) __syncthreads();   // o_sm aliases the other warps' rings
   {
     const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
     float* ow = o_sm[warp];

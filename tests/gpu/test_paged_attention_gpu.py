@@ -227,11 +227,11 @@ def test_long_decode_splits(rng, fmt, num_splits, variant):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("window", [None, 700])
-def test_decode_block_window_and_ring(rng, fmt, block_size, window):
-    """per_head decode over > 32 tiles per warp in one split (the block-id register window of the
-    int4/int8/fp8 shared-memory ring is refilled), blocks in shuffled order, a sequence length
-    that is not a multiple of 16 (masked last tile: zero-filled cp.async), with and without a
-    sliding window (masked tiles at the start of the range), and many splits (short ranges)."""
+def test_decode_long_ranges_shuffled_blocks(rng, fmt, block_size, window):
+    """per_head decode over > 32 tiles per warp in one split, blocks in shuffled order, block
+    size 64 (several tiles per block), a sequence length that is not a multiple of 16 (masked
+    last tile), with and without a sliding window (masked tiles at the start of the range), and
+    many splits (short ranges, the reduction kernel)."""
     kv_lens = [3000 + int(rng.integers(1, 15)), 37, 2100 + int(rng.integers(0, 16))]
     case = build_case(rng, fmt, 2, 4, 128, block_size, [1] * len(kv_lens), kv_lens)
     ref = run_ref(case, sliding_window=window)
