@@ -158,11 +158,14 @@ __device__ __forceinline__ void raw16_to_float(uint4 raw, float (&x)[EPT], int o
 // both signs), docs/perf-notes.md.
 constexpr uint32_t E2M1_PACK_BIAS = 298u + (298u << 4) + (298u << 8) + (298u << 12) + (298u << 16) +
                                     (298u << 20) + (298u << 24) + (298u << 28);
+// SAT: saturate q at 6 first (needed only for q >= 7: q in [6, 7) rounds to 6 on the grid of
+// the binade [4, 8) anyway).
+template <bool SAT>
 __device__ __forceinline__ uint32_t e2m1_pack8(const float* q, uint32_t sgn) {
   uint32_t acc = 0u - E2M1_PACK_BIAS;
 #pragma unroll
   for (int j = 0; j < 8; ++j) {
-    const float a = fminf(q[j], 6.0f);
+    const float a = SAT ? fminf(q[j], 6.0f) : q[j];
     const uint32_t eb = __float_as_uint(fmaxf(a, 1.0f)) & 0x7F800000u;  // 2^e
     const uint32_t S = __float_as_uint(fmaf(__uint_as_float(eb), 4194304.0f, a));
     acc += ((j < 3 ? (S & 7u) : S) + (S >> 22)) << (4 * j);
@@ -312,21 +315,44 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
     const float inv_gs = gs1 ? 1.0f : __frcp_rn(global_scale);
     uint32_t w[EPT / 8];
     uint32_t sf[GPL];
+    // q = |x| / denom < 7 when the scale byte is a normal E4M3 value below its max 448: then
+    // sf is within 2^-4 (relative) of amax/6/global_scale, so q <= 6/(1 - 2^-4) < 6.41, and the
+    // E2M1 encode needs no saturating min (e2m1_pack8<false>). Warp-uniform choice.
+    bool all_normal = true;
 #pragma unroll
     for (int g = 0; g < GPL; ++g) {
       sf[g] = nvfp4_scale_encode_fast(amax[g], global_scale, inv_gs);
+      all_normal &= (sf[g] & 0x78u) != 0u && (sf[g] & 0x7Fu) < 0x7Eu;
+    }
+    const bool unsaturated = __all_sync(0xffffffffu, all_normal);
+#pragma unroll
+    for (int g = 0; g < GPL; ++g) {
       const float denom = nvfp4_denom(sf[g], global_scale);
-      const float r = __frcp_rn(denom);  // once per group
       const bool zero = bad || denom == 0.0f;  // codes 0 when sf == 0 (and for the invalid row)
       const float* xg = x + g * NVFP4_GROUP;
-      float q[NVFP4_GROUP];  // |x| / denom, correctly rounded as the reference's float32 division
-      if (gs1) {
+      float q[NVFP4_GROUP];  // |x| / denom: the reference's float32 division, or as good for E2M1
+      if (sizeof(T) == 2 && gs1) {
+        // bf16/fp16 input, E4M3 divisor: q = RU(|x| · RD(1/denom)), one instruction per element.
+        // Not always the correctly rounded quotient, but always its E2M1 code: the code only
+        // depends on which side of each decision point t (0.25, 0.75, …, 5) |x|/denom lies, and
+        // on RNE at exact ties |x| = t·denom. Off a tie, |x|/denom is far from t relative to the
+        // 2-ulp error of q (|x| has <= 11, t·denom <= 7 significant bits); at a tie
+        // |x|·RD(1/denom) = t·(1 - δ) with 0 <= δ < 2^-23, which RU brings back to t exactly
+        // (the one-sided error is what makes it work: RN(|x|·RN(1/denom)) misses ties below t
+        // for denom = 15·2^k). Verified exhaustively — every positive E4M3 denom × every finite
+        // bf16 and fp16 |x|, flush-to-zero as here — in docs/perf-notes.md.
+        const float r_dn = __frcp_rd(denom);  // once per group
+#pragma unroll
+        for (int j = 0; j < NVFP4_GROUP; ++j) q[j] = __fmul_ru(fabsf(xg[j]), r_dn);
+      } else if (gs1) {
+        const float r = __frcp_rn(denom);
         // denom is an E4M3 value (4 significant bits): 2 FMA-pipe instructions per element from
         // the reciprocal split r + r_lo (nvfp4_div_e4m3, quant_formats.cuh)
         const float r_lo = nvfp4_recip_lo(denom, r);
 #pragma unroll
         for (int j = 0; j < NVFP4_GROUP; ++j) q[j] = nvfp4_div_e4m3(fabsf(xg[j]), r, r_lo);
       } else {
+        const float r = __frcp_rn(denom);
 #pragma unroll
         for (int j = 0; j < NVFP4_GROUP; ++j) q[j] = div_rn_by_recip(fabsf(xg[j]), denom, r);
       }
@@ -341,7 +367,7 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
 #pragma unroll
           for (int j = 0; j < 8; ++j) sgn |= (__float_as_uint(xg[8 * k + j]) >> 31) << (4 * j + 3);
         }
-        const uint32_t acc = e2m1_pack8(q + 8 * k, sgn);
+        const uint32_t acc = unsaturated ? e2m1_pack8<false>(q + 8 * k, sgn) : e2m1_pack8<true>(q + 8 * k, sgn);
         w[2 * g + k] = zero ? 0u : acc;
       }
       if (bad) sf[g] = NVFP4_INVALID_SCALE_BYTE;
