@@ -80,6 +80,10 @@ def _nvfp4_decision_rows(dtype):
         dn = np.nextafter(a, np.array(0, dtype=dtype))
         groups.append(np.concatenate([[6.0 * sf], up.astype(np.float64), dn.astype(np.float64),
                                       -up.astype(np.float64), [0.5 * sf, -0.0, 0.0]]))
+    # scale bytes that are subnormal E4M3 (amax/6 < 2^-6) or saturated (amax/6 > 448): there
+    # |x|/denom can exceed 7 and the kernel's E2M1 encode must saturate (e2m1_pack8<true>)
+    for amax in (6 * 1.4 * 2.0 ** -9, 6 * 3.3 * 2.0 ** -9, 0.05, 3000.0, 9000.0):
+        groups.append(np.concatenate([[amax, -amax], amax * np.linspace(-0.99, 0.99, 14)]))
     tiny = float(ml_dtypes.finfo(dtype).smallest_subnormal)
     groups.append(np.array([1.0, -0.0, 0.0, tiny, -tiny] + [0.0] * 11))
     groups.append(np.array([-0.0] * 16))
