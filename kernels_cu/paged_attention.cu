@@ -572,10 +572,11 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   // LOP3 and a MOV of the constant: no gain.
   const uint32_t mlo = 0x000F000Fu, mhi = 0x00F000F0u;
 
-  auto tile_load = [&](Raw& r, int t, auto masked_tag) {
+  // block id of tile t (a global load: the full-tile pipeline below issues it a tile early)
+  auto block_of = [&](int t) { return bt[(lo16 + 16 * t) >> bs_log2]; };
+  auto tile_load_b = [&](Raw& r, int t, int blk, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
     const int p0 = lo16 + 16 * t;
-    const int blk = bt[p0 >> bs_log2];
     const int o = p0 & (BS - 1);
     const uint8_t* slab = cache + static_cast<size_t>(blk) * slab2;
     const uint8_t* base = slab + static_cast<uint32_t>(o * HR);
@@ -603,6 +604,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
           r.sv[k][i] = (!MK || p0 + t4[k] < L) ? static_cast<uint32_t>(__ldg(sb + of.sv[k][i])) : 0u;
     }
   };
+  auto tile_load = [&](Raw& r, int t, auto masked_tag) { tile_load_b(r, t, block_of(t), masked_tag); };
   using Full = MaskTag<false>;
   using Edge = MaskTag<true>;
   auto tile_math = [&](const Raw& r, int t, auto masked_tag) {
@@ -613,8 +615,14 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
 
   // ---- full tiles [tf0, tf1), warp w takes tf0 + w, tf0 + w + NW, ... Software pipeline:
   // the next tile's loads are in flight while this tile is computed (formats whose raw tile
-  // fits in ~40 registers; the others load and compute in turn).
-  if constexpr (PREFETCH) {
+  // fits in ~40 registers; the others load and compute in turn), and the block id of the tile
+  // after that is loaded before this tile's math, so no tile's data loads wait on a block-table
+  // load issued just before them (Nsight Compute: that dependent chain was ~11 % of the stall
+  // samples of the int4 kernel, benchmarks/latest/ncu/).
+  // The early block ids cost a register during the math: int4 and fp8 at d = 128 sit at their
+  // register caps (128 / 168) and would spill, so they keep loading the block id with the tile.
+  constexpr bool BT_AHEAD = !(FMT == INT4 || FMT == FP8);
+  if constexpr (PREFETCH && !BT_AHEAD) {
     Raw cur, nxt;
     int t = tf0 + warp;
     if (t < tf1) tile_load(cur, t, Full{});
@@ -623,6 +631,20 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
       tile_math(cur, t, Full{});
       if (t + NW >= tf1) break;
       if (t + 2 * NW < tf1) tile_load(cur, t + 2 * NW, Full{});
+      tile_math(nxt, t + NW, Full{});
+    }
+  } else if constexpr (PREFETCH) {
+    Raw cur, nxt;
+    int t = tf0 + warp;
+    int b1 = t + NW < tf1 ? block_of(t + NW) : 0;   // block of the next tile
+    if (t < tf1) tile_load(cur, t, Full{});
+    for (; t < tf1; t += 2 * NW) {
+      const int b2 = t + 2 * NW < tf1 ? block_of(t + 2 * NW) : 0;
+      if (t + NW < tf1) tile_load_b(nxt, t + NW, b1, Full{});
+      tile_math(cur, t, Full{});
+      if (t + NW >= tf1) break;
+      b1 = t + 3 * NW < tf1 ? block_of(t + 3 * NW) : 0;
+      if (t + 2 * NW < tf1) tile_load_b(cur, t + 2 * NW, b2, Full{});
       tile_math(nxt, t + NW, Full{});
     }
   } else {
