@@ -58,8 +58,7 @@ def check_reshape_and_cache(key, value, kv_cache, slot_mapping, kv_cache_dtype, 
     backend = checks.check_same_backend(
         {"key": key, "value": value, "kv_cache": kv_cache, "slot_mapping": slot_mapping}
     )
-    float_dtypes = checks.FLOAT_DTYPES if backend == "numpy" else checks.FLOAT_DTYPES
-    checks.check_array(key, "key", dtypes=float_dtypes, ndim=3)
+    checks.check_array(key, "key", dtypes=checks.FLOAT_DTYPES, ndim=3)  # same dtypes on both backends
     dims = check_kv_cache(kv_cache, fmt)
     T = arrays.shape(key)[0]
     want = (T, dims.num_kv_heads, dims.head_size)
