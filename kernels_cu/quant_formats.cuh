@@ -72,20 +72,15 @@ struct Int4Params {
 // Correctly rounded x / d from r = RN(1/d) (see div_rn_by_recip below).
 __device__ __forceinline__ float div_rn_by_recip(float x, float denom, float r);
 
-// Both divisions are Markstein corrections (div_rn_by_recip: correctly rounded for quotients in
-// the normal range; /15 with the constant RN(1/15), -mn/scale with inv_scale, which the codes
-// need anyway). A quotient below the normal range only meets max(·, 1e-6) or a round-to-zero
-// zero point; one that overflows (a huge near-constant vector, scale at its 1e-6 floor) is
-// redone with the IEEE division.
+// (mx - mn) / 15 as a Markstein correction with the constant RN(1/15) (div_rn_by_recip:
+// correctly rounded for quotients in the normal range; a smaller one only meets max(·, 1e-6)).
 __device__ __forceinline__ Int4Params int4_qparams(float mn, float mx) {
   Int4Params p;
   // mx - mn overflows float32 only for saturated bf16 extremes; the reference caps it too
   const float rng = fminf(__fsub_rn(mx, mn), 3.402823466e38f);
   p.scale = fmaxf(div_rn_by_recip(rng, 15.0f, 0.06666667014360428f /* RN(1/15) */), 1e-6f);
   p.inv_scale = __frcp_rn(p.scale);
-  float zq = div_rn_by_recip(-mn, p.scale, p.inv_scale);
-  if (!(fabsf(zq) <= 3.0e38f)) zq = __fdiv_rn(-mn, p.scale);
-  const float z = fminf(fmaxf(round_half_away(zq), 0.0f), 15.0f);
+  const float z = fminf(fmaxf(round_half_away(__fdiv_rn(-mn, p.scale)), 0.0f), 15.0f);
   p.zp = z;
   p.word = (__float_as_uint(p.scale) & 0xFFFFFFF0u) | static_cast<uint32_t>(z);
   return p;
