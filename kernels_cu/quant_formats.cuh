@@ -245,9 +245,9 @@ __device__ __forceinline__ float div_rn_by_recip(float x, float denom, float r) 
 // every midpoint (a·2^k and denom have <= 24 and <= 4 significant bits, so a - M·denom is a
 // multiple of a grid 2^-29·M fine), and it is never exactly a midpoint (M·denom would need
 // > 24 bits) — so q = RN(a/denom), the reference's float32 division, whenever a·r_lo does
-// not underflow (a > ~2^-100; smaller quotients give E2M1 code 0 either way). Checked
+// not flush to zero (quotients above ~2^-90; smaller ones give E2M1 code 0 either way). Checked
 // exhaustively against e2m1(RN(a/denom)) for every E4M3 denom and every finite bf16/fp16 a
-// (docs/perf-notes.md). Not valid for a general divisor (global scale != 1): callers use
+// (tests/test_write_kernel_emulation.py). Not valid for a general divisor (global scale != 1): callers use
 // div_rn_by_recip there.
 __device__ __forceinline__ float nvfp4_recip_lo(float denom, float r) {
   return __fmul_rn(fmaf(-denom, r, 1.0f), r);

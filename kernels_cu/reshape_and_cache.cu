@@ -112,8 +112,8 @@ __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
 //   With both halves packed (P = [h0 | h1 << 16]) and Q = 0xFFFF in the halves of negative
 //   elements (prmt sign replication of the raw bf16/fp16 sign bits; v has x's sign since
 //   inv > 0, -0 and flushed subnormals included): codes = ((P ^ Q) + (Q & 0x00020002)) >> 1.
-// tests/gpu compare every code with the reference; the emulation in docs/perf-notes.md checked
-// 28.6 M values (every tie k + 0.5 and its neighbours included).
+// tests/gpu compare every code with the reference; tests/test_write_kernel_emulation.py emulates
+// it on every tie k + 0.5, its neighbours and ~1.3 M other values (and ran 28.6 M once).
 __device__ __forceinline__ uint32_t int8_code_pair(float x0, float x1, uint32_t raw, float inv) {
   // |v| = RN(|x|·inv) (inv > 0; RN is symmetric)
   const uint32_t t0 = __float_as_uint(__fadd_rz(__fmul_rn(fabsf(x0), inv), 6291712.5f));
@@ -154,8 +154,8 @@ __device__ __forceinline__ void raw16_to_float(uint4 raw, float (&x)[EPT], int o
 // and for j >= 3 the mask is not needed: (149 + e) << (23 + 4j) vanishes modulo 2^32 once
 // shifted into place. The 8 biases 298 · 16^j are removed once per word; packing is then one
 // shift-add per element. Signs: `sgn` has bit 4j + 3 set for negative x_j (other bits ignored).
-// Checked against the reference codec on 2 M words (every decision point and its neighbours,
-// both signs), docs/perf-notes.md.
+// tests/test_write_kernel_emulation.py checks it against the reference codec (every decision
+// point and its neighbours, both signs, with and without the saturating min).
 constexpr uint32_t E2M1_PACK_BIAS = 298u + (298u << 4) + (298u << 8) + (298u << 12) + (298u << 16) +
                                     (298u << 20) + (298u << 24) + (298u << 28);
 // SAT: saturate q at 6 first (needed only for q >= 7: q in [6, 7) rounds to 6 on the grid of
@@ -340,7 +340,7 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
         // |x|·RD(1/denom) = t·(1 - δ) with 0 <= δ < 2^-23, which RU brings back to t exactly
         // (the one-sided error is what makes it work: RN(|x|·RN(1/denom)) misses ties below t
         // for denom = 15·2^k). Verified exhaustively — every positive E4M3 denom × every finite
-        // bf16 and fp16 |x|, flush-to-zero as here — in docs/perf-notes.md.
+        // bf16 and fp16 |x|, flush-to-zero as here — in tests/test_write_kernel_emulation.py.
         const float r_dn = __frcp_rd(denom);  // once per group
 #pragma unroll
         for (int j = 0; j < NVFP4_GROUP; ++j) q[j] = __fmul_ru(fabsf(xg[j]), r_dn);
