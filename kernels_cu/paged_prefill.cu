@@ -272,7 +272,8 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   // V^T: token rows lane % 8 + 8·(lane / 8 % 2), 8-dim column block lane / 16
   // (shared-window byte addresses of buffer 0, computed once: buffer b adds b·BUF_BYTES)
   unsigned kaddr0 = smem_addr(pf_smem) + 2 * ((lane & 7) * SM::RS + 8 * (lane >> 3));
-  unsigned vaddr0 = smem_addr(pf_smem) + 4 * SM::TILE +
+  // V tile of buffer 0 starts TILE halves = 2·TILE bytes after its K tile (tile_v)
+  unsigned vaddr0 = smem_addr(pf_smem) + 2 * SM::TILE +
                           2 * (((lane & 7) + 8 * ((lane >> 3) & 1)) * SM::RS + 8 * (lane >> 4));
   pin_reg(kaddr0, vaddr0, qbase);  // computed once, not re-derived from the thread index per tile
 

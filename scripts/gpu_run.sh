@@ -6,6 +6,7 @@
 #   bash scripts/gpu_run.sh
 #   SUITES="write hadamard" SANITIZE=1 bash scripts/gpu_run.sh
 #   PYTEST_ARGS="tests/gpu/test_paged_attention_gpu.py" SKIP_BENCH=1 bash scripts/gpu_run.sh
+#   QUICK_SUITES="decode" ...   run those suites with --quick (the target shapes only)
 #   HOSTPROF=1 ...   also time the host side of one kvlab.paged_attention call (profile_host.py)
 #
 # Each step has its own time limit (T_TESTS, T_SANITIZE, T_BENCH seconds) so that one slow
@@ -47,7 +48,9 @@ echo "pytest done [$(( $(date +%s) - t0 )) s]"
 if [ -z "${SKIP_BENCH:-}" ]; then
   for s in ${SUITES:-write hadamard decode prefill}; do
     tb="T_BENCH_$s"; tb=${!tb:-${T_BENCH:-150}}
-    timeout "$tb" python3 -m kvlab bench "$s" --out "$OUT/bench_$s" > "$OUT/bench_$s.log" 2>&1 \
+    qk=""; case " ${QUICK_SUITES:-} " in *" $s "*) qk="--quick";; esac
+    # shellcheck disable=SC2086
+    timeout "$tb" python3 -m kvlab bench "$s" $qk --out "$OUT/bench_$s" > "$OUT/bench_$s.log" 2>&1 \
       || { echo "bench $s failed or timed out:"; tail -5 "$OUT/bench_$s.log"; }
     echo "bench $s done [$(( $(date +%s) - t0 )) s]"
   done
