@@ -11,6 +11,8 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvlab.lab.hf_cache import cache_kwargs  # noqa: E402
+
 from kvlab.lab import metrics  # noqa: E402
 from kvlab.lab.recipes import INT4_SPEC, Recipe  # noqa: E402
 from kvlab.lab.study import KIVI_KEYS, ordering_recipes  # noqa: E402
@@ -95,7 +97,7 @@ def test_capture_shapes_and_rope(lm, windows):
 
 def _logits(lm, ids, cache):
     with torch.no_grad():
-        return lm.model(torch.as_tensor(ids), cache=cache, use_cache=True).logits
+        return lm.model(torch.as_tensor(ids), **cache_kwargs(lm.model, cache), use_cache=True).logits
 
 
 def test_auto_cache_reproduces_unquantized_logits_exactly(lm, windows):
@@ -152,7 +154,7 @@ def test_generate_runs_on_a_quantized_cache(lm, windows):
 
     ids = torch.as_tensor(windows[:1, :24])
     cache = KVLabCache("int4_per_token_head", lm.model)
-    out = lm.model.generate(ids, cache=cache, max_new_tokens=4, do_sample=False)
+    out = lm.model.generate(ids, **cache_kwargs(lm.model, cache), max_new_tokens=4, do_sample=False)
     assert out.shape == (1, 28)
     assert cache.get_seq_length() == 27
 

@@ -58,6 +58,7 @@ def capture_kv(lm, input_ids) -> KVCapture:
     import torch
     from transformers import DynamicCache
 
+    from .hf_cache import cache_kwargs
     from .metrics import _check_lm, check_token_ids
 
     _check_lm(lm)
@@ -73,8 +74,8 @@ def capture_kv(lm, input_ids) -> KVCapture:
     cache = DynamicCache(config=model.config)
     try:
         with torch.no_grad():
-            model(torch.as_tensor(ids, device=lm.device)[None], cache=cache, use_cache=True,
-                  logits_to_keep=1)
+            model(torch.as_tensor(ids, device=lm.device)[None], **cache_kwargs(model, cache),
+                  use_cache=True, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()

@@ -1,9 +1,10 @@
 """A ``transformers`` cache whose layers store K/V in a kvlab format or a lab recipe.
 
 ``KVLabCache(recipe, model)`` is a :class:`transformers.Cache` with one
-:class:`KVLabLayer` per decoder layer, so ``model(ids, cache=cache)`` and
-``model.generate(ids, cache=cache)`` (``past_key_values=`` in older
-transformers) run attention on a quantized cache:
+:class:`KVLabLayer` per decoder layer, so ``model(ids, **cache_kwargs(model, cache))`` and
+``model.generate(ids, **cache_kwargs(model, cache))`` run attention on a quantized cache
+(:func:`cache_kwargs` names the argument as the installed transformers does: ``cache=`` in
+recent versions, ``past_key_values=`` in older ones such as 5.17):
 
 * every ``update`` quantizes the new key/value states, stores them, and
   returns the **dequantized** full history — including the new tokens, so even
@@ -47,6 +48,16 @@ from .rope import apply_rope, rope_cos_sin, undo_rope
 #: tokens per block of the paged caches the format path writes
 BLOCK_SIZE = 16
 
+
+
+def cache_kwargs(model, cache) -> dict:
+    """``{"cache": cache}`` or ``{"past_key_values": cache}``, whichever argument the model's
+    ``forward`` takes (transformers renamed it; an unknown keyword is silently ignored by the
+    model and rejected by ``generate``)."""
+    import inspect
+
+    params = inspect.signature(model.forward).parameters
+    return {"cache": cache} if "cache" in params else {"past_key_values": cache}
 
 def _cuda_ops_available() -> bool:
     try:

@@ -136,10 +136,12 @@ def _continuation_logprobs(lm, batch, context_len: int, cache):
     """log-softmax float32 ``(b, N, vocab)`` predicting tokens ``context_len …`` of ``batch``."""
     import torch
 
+    from .hf_cache import cache_kwargs
+
     ids = torch.as_tensor(batch, device=lm.device)
     with torch.no_grad():
-        a = lm.model(ids[:, :context_len], cache=cache, use_cache=True, logits_to_keep=1).logits
-        b = lm.model(ids[:, context_len:], cache=cache, use_cache=True).logits
+        a = lm.model(ids[:, :context_len], **cache_kwargs(lm.model, cache), use_cache=True, logits_to_keep=1).logits
+        b = lm.model(ids[:, context_len:], **cache_kwargs(lm.model, cache), use_cache=True).logits
     if cache.get_seq_length() != ids.shape[1]:
         # a transformers version that does not know the ``cache=`` argument would ignore it and
         # use its own unquantized cache: every KL would silently be 0

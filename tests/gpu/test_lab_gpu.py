@@ -19,6 +19,8 @@ pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from kvlab.lab.hf_cache import cache_kwargs  # noqa: E402
+
 QUANTIZED = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
 #: int4: the kernel sums the RHT in float32, the reference in float64, both then round to the
 #: input dtype; they differ only where the float32 sum lands on the other side of a rounding tie,
@@ -79,7 +81,7 @@ def no_host_reference(monkeypatch):
 
 def _logits(lm, ids, cache):
     with torch.no_grad():
-        out = lm.model(torch.as_tensor(ids, device=lm.device), cache=cache, use_cache=True).logits
+        out = lm.model(torch.as_tensor(ids, device=lm.device), **cache_kwargs(lm.model, cache), use_cache=True).logits
     return out
 
 
@@ -229,7 +231,7 @@ def test_generate_runs_on_a_quantized_cuda_cache(lm, windows, fmt, no_host_refer
 
     ids = torch.as_tensor(windows[:1, :24], device=lm.device)
     cache = KVLabCache(fmt, lm.model)
-    out = lm.model.generate(ids, cache=cache, max_new_tokens=8, do_sample=False)
+    out = lm.model.generate(ids, **cache_kwargs(lm.model, cache), max_new_tokens=8, do_sample=False)
     assert out.is_cuda and out.shape == (1, 32)
     assert torch.equal(out[:, :24], ids)
     assert cache.get_seq_length() == 31  # the last generated token is not fed back
