@@ -218,8 +218,36 @@ class AttentionPlan:
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
 
+    def check_run_args(self, q, kv_cache, out=None):
+        """Cheap checks that ``q``/``kv_cache``/``out`` fit this plan (a plan is built for one
+        batch layout and format and reused for every layer: the index arrays are the caller's
+        promise, their contents are not re-read). Raises ``TypeError``/``ValueError``."""
+        want_q = (self.num_tokens, self.num_q_heads, self.head_size)
+        for name, a in (("q", q), ("out", out)):
+            if a is None:
+                continue
+            if arrays.shape(a) != want_q:
+                raise ValueError(f"{name}: this plan was built for shape {want_q}, got {arrays.shape(a)}")
+            if arrays.dtype_name(a) != self.q_dtype:
+                raise TypeError(f"{name}: this plan was built for dtype {self.q_dtype}, got {arrays.dtype_name(a)}")
+            if not arrays.is_contiguous(a):
+                raise ValueError(f"{name}: must be contiguous")
+            if arrays.device_id(a) != self.device_id:
+                raise ValueError(f"{name}: this plan was built for device {self.device_id}, got {arrays.device_id(a)}")
+        cs = arrays.shape(kv_cache)
+        if len(cs) != 5 or cs[1:4] != (2, self.block_size, self.num_kv_heads):
+            raise ValueError(f"kv_cache: this plan was built for (num_blocks, 2, {self.block_size}, "
+                             f"{self.num_kv_heads}, row), got shape {cs}")
+        if arrays.device_id(kv_cache) != self.device_id:
+            raise ValueError(f"kv_cache: this plan was built for device {self.device_id}, "
+                             f"got {arrays.device_id(kv_cache)}")
+
     def run(self, q, kv_cache, block_table, seq_lens, query_start_loc, out=None):
-        """Launch on the caller's stream; returns ``out`` ``(num_tokens, num_q_heads, head_size)``."""
+        """Launch on the caller's stream; returns ``out`` ``(num_tokens, num_q_heads, head_size)``.
+
+        Checks that ``q``, ``kv_cache`` and ``out`` fit the plan (:meth:`check_run_args`); the
+        index arrays must be those the plan was built from (or equal to them)."""
+        self.check_run_args(q, kv_cache, out)
         if out is None:
             out = L.empty(q, (self.num_tokens, self.num_q_heads, self.head_size), self.q_dtype)
         if self.n_items == 0 and self.n_pf == 0:
