@@ -82,7 +82,7 @@ class CacheFormat(abc.ABC):
         return (num_blocks, 2, block_size, num_kv_heads, self.row_elements(head_size))
 
     def check_block_size(self, block_size: int, head_size: int) -> None:
-        pass
+        """Format-specific block-size rule; the row formats have none (nvfp4 overrides this)."""
 
     def head_size_from_cache(self, cache) -> int:
         """Recover the head size from a cache's last dimension."""

@@ -42,7 +42,7 @@ from .. import api
 from ..arrays import NUMPY_BF16
 from ..formats import FORMAT_NAMES
 from .model import LoadedModel
-from .recipes import Calibration, Recipe, format_recipe, roundtrip_side
+from .recipes import Calibration, Recipe, check_recipe_calib, format_recipe, roundtrip_side
 from .rope import apply_rope, rope_cos_sin, undo_rope
 
 #: tokens per block of the paged caches the format path writes
@@ -190,11 +190,7 @@ class KVLabCache(Cache):
             recipe = format_recipe(recipe)
         if not isinstance(recipe, Recipe):
             raise TypeError(f"recipe: expected a format name or Recipe, got {type(recipe).__name__}")
-        if recipe.needs_calibration and calib is None:
-            raise ValueError(f"calib: recipe {recipe.name!r} needs a Calibration (kvlab.lab.recipes.calibrate)")
-        if calib is not None and not isinstance(calib, Calibration):
-            raise TypeError(f"calib: expected a Calibration (kvlab.lab.recipes.calibrate) or None, "
-                            f"got {type(calib).__name__}")
+        check_recipe_calib(recipe, calib)
         if backend not in ("auto", "reference"):
             raise ValueError(f"backend: expected 'auto' or 'reference', got {backend!r}")
         if isinstance(model, LoadedModel):

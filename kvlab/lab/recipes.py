@@ -489,6 +489,15 @@ def check_calibration(calib: Calibration, layer, num_kv_heads: int, head_size: i
 
 
 # ---- one side, all transforms ---------------------------------------------------------------
+def check_recipe_calib(recipe: Recipe, calib) -> None:
+    """``calib`` is a :class:`Calibration` or None, and present when ``recipe`` needs one."""
+    if recipe.needs_calibration and calib is None:
+        raise ValueError(f"calib: recipe {recipe.name!r} needs a Calibration (see kvlab.lab.recipes.calibrate)")
+    if calib is not None and not isinstance(calib, Calibration):
+        raise TypeError(f"calib: expected a Calibration (kvlab.lab.recipes.calibrate) or None, "
+                        f"got {type(calib).__name__}")
+
+
 def roundtrip_side(recipe: Recipe, side: str, x: np.ndarray, layer: int, calib: Calibration | None = None,
                    head_axis: int = -2) -> np.ndarray:
     """Quantize-dequantize one side of one layer under ``recipe``; float32, shape of ``x``.
@@ -501,11 +510,7 @@ def roundtrip_side(recipe: Recipe, side: str, x: np.ndarray, layer: int, calib: 
         raise TypeError(f"recipe: expected a Recipe, got {type(recipe).__name__}")
     if side not in ("k", "v"):
         raise ValueError(f"side: expected 'k' or 'v', got {side!r}")
-    if recipe.needs_calibration and calib is None:
-        raise ValueError(f"calib: recipe {recipe.name!r} needs a Calibration (see kvlab.lab.recipes.calibrate)")
-    if calib is not None and not isinstance(calib, Calibration):
-        raise TypeError(f"calib: expected a Calibration (kvlab.lab.recipes.calibrate) or None, "
-                        f"got {type(calib).__name__}")
+    check_recipe_calib(recipe, calib)
     x = np.asarray(x, dtype=np.float32)
     if x.ndim < 2:
         raise ValueError(f"x: expected (..., tokens, kv_heads, head_dim), got shape {x.shape}")
