@@ -21,8 +21,9 @@
 // on sm_89+, absmax on packed bf16x2/f16x2 raw words, signs XORed into the raw loads (int4) or
 // gathered from the raw sign bits (int8, nvfp4), codes packed with shift-adds of biased values.
 //
-// Skipped tokens (slot < 0) and the grid tail keep running on zeros (the shuffles need every
-// lane) but load and store nothing: their cache rows are untouched.
+// Skipped tokens (slot < 0) load and encode their input like the others (the loads do not wait
+// for the slot: load_kv_chunks) but store nothing; the grid tail runs on zeros (the shuffles
+// need every lane) and loads nothing. Cache rows of skipped tokens are untouched.
 //
 // Bit-exactness vs the reference: every rounding step of the formats is done with the same
 // float32 operation or an exactly equivalent one (quant_formats.cuh, fp_codecs.cuh, and the
@@ -502,8 +503,9 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
   const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane & ~(LANES - 1u));
   bool bad = false;
   if (__ballot_sync(0xffffffffu, flag) & gmask) {
-    // rare path, taken by whole groups (inactive lanes hold zeros and never flag); x is
-    // reloaded in place (its common-path values are not needed any more)
+    // rare path, taken by whole groups (a skipped token's group may take it too: it computes
+    // on zeros here and stores nothing); x is reloaded in place (its common-path values are
+    // not needed any more)
     bool nonfinite = false;
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
@@ -552,6 +554,40 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
   if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = bad ? INVALID_SCALE_BITS : p.word;
 }
 
+// The 2·NC 16-byte loads of one (token, head): chunk c of K at k_row[first + c·CSTRIDE] (k_row:
+// the head's input row; first: the lane's first element), of V likewise.
+// All issued before any math, and independent of the slot: `valid` is token < num_tokens (the
+// input row exists), not slot >= 0. Gating the loads on the slot would put the slot_mapping
+// load and the K/V loads in series — two DRAM latencies per thread instead of one, which is
+// what a write kernel with few threads per row feels first (docs/perf-notes.md, write round 3).
+// A skipped token (slot < 0) thus computes on its real input and stores nothing.
+template <int NC, int CSTRIDE, typename T>
+__device__ __forceinline__ void load_kv_chunks(const T* k_row, const T* v_row, int first, bool valid,
+                                               uint4 (&rk)[NC], uint4 (&rv)[NC]) {
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    if (valid) {
+      rk[c] = __ldg(reinterpret_cast<const uint4*>(k_row + (first + c * CSTRIDE)));
+      rv[c] = __ldg(reinterpret_cast<const uint4*>(v_row + (first + c * CSTRIDE)));
+    } else {
+      rk[c] = make_uint4(0, 0, 0, 0);
+      rv[c] = make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+// int4, one side: the RHT signs XORed into the raw words, to float, then encode_store_int4.
+template <int D, typename T>
+__device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4Geometry<D, T>::NC], bool active,
+                                                         int lig, uint8_t* row, const T* src) {
+  using G = Int4Geometry<D, T>;
+  float x[G::EPT];
+#pragma unroll
+  for (int c = 0; c < G::NC; ++c)
+    raw16_to_float<T, G::EPT>(rht_signs_raw16<T>(raw[c], c * G::VEC * G::LANES + lig * G::VEC), x, c * G::VEC);
+  encode_store_int4<D, T>(x, active, lig, row, src);
+}
+
 }  // namespace
 
 // key/value: (num_tokens, H, D) with token stride key_stride / value_stride (elements; the
@@ -561,6 +597,12 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
 // int4 (16-bit input, d = 64..256): 3 resident blocks/SM (<= 85 registers) on sm_90; sm_80's
 // register allocation spills at that bound (d = 128), so 2 there.
+// EXPERIMENT (write round 3): -DKVLAB_WRITE_SLOT_GATED_LOADS restores the old slot-gated loads.
+#ifdef KVLAB_WRITE_SLOT_GATED_LOADS
+#define KVLAB_WRITE_LOAD_GATE active
+#else
+#define KVLAB_WRITE_LOAD_GATE (token < num_tokens)
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVLAB_INT4_WRITE_BLOCKS 3
 #else
@@ -574,7 +616,7 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
   static_assert(!SWIZZLE || FMT == FMT_NVFP4, "the V-scale swizzle is nvfp4's");
   if constexpr (FMT == FMT_INT4) {
     using G = Int4Geometry<D, T>;
-    constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
+    constexpr int LANES = G::LANES, VEC = G::VEC, NC = G::NC;
     const int lig = threadIdx.x & (LANES - 1);
     const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
     const long long token = group / H;
@@ -582,19 +624,9 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
     long long slot = -1;
     if (token < num_tokens) slot = slot_mapping[token];
     const bool active = slot >= 0;
-    // all 2·NC 16-byte loads first; the RHT signs are XORed into the raw words
     uint4 rk[NC], rv[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) {
-      const int first = c * VEC * LANES + lig * VEC;
-      if (active) {
-        rk[c] = __ldg(reinterpret_cast<const uint4*>(key + token * key_stride + h * D + first));
-        rv[c] = __ldg(reinterpret_cast<const uint4*>(value + token * value_stride + h * D + first));
-      } else {
-        rk[c] = make_uint4(0, 0, 0, 0);
-        rv[c] = make_uint4(0, 0, 0, 0);
-      }
-    }
+    load_kv_chunks<NC, VEC * LANES>(key + token * key_stride + h * D, value + token * value_stride + h * D,
+                                    lig * VEC, KVLAB_WRITE_LOAD_GATE, rk, rv);
     const long long blk = active ? slot / block_size : 0;
     const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
     constexpr long long ROW = row_bytes<FMT_INT4>(D);
@@ -602,21 +634,9 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
     uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
     // K, then V: only one side's floats are live at a time (V waits as raw words), which keeps
     // the register count low enough for more resident warps to hide the shuffle latencies
-    {
-      float x[EPT];
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-        raw16_to_float<T, EPT>(rht_signs_raw16<T>(rk[c], c * VEC * LANES + lig * VEC), x, c * VEC);
-      encode_store_int4<D, T>(x, active, lig, row_k, key + token * key_stride + h * D + lig * VEC);
-    }
-    {
-      float x[EPT];
-#pragma unroll
-      for (int c = 0; c < NC; ++c)
-        raw16_to_float<T, EPT>(rht_signs_raw16<T>(rv[c], c * VEC * LANES + lig * VEC), x, c * VEC);
-      encode_store_int4<D, T>(x, active, lig, row_k + side_bytes,
-                              value + token * value_stride + h * D + lig * VEC);
-    }
+    rotate_encode_store_int4<D, T>(rk, active, lig, row_k, key + token * key_stride + h * D + lig * VEC);
+    rotate_encode_store_int4<D, T>(rv, active, lig, row_k + side_bytes,
+                                   value + token * value_stride + h * D + lig * VEC);
   } else {
   using G = WriteGeometry<FMT, D, T>;
   constexpr int LANES = G::LANES, NC = G::NC;
@@ -629,19 +649,9 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
   if (token < num_tokens) slot = slot_mapping[token];
   const bool active = slot >= 0;
 
-  // all 2·NC 16-byte loads first
   uint4 rk[NC], rv[NC];
-#pragma unroll
-  for (int c = 0; c < NC; ++c) {
-    const int first = c * G::CSTRIDE + lig * G::LSTRIDE;
-    if (active) {
-      rk[c] = __ldg(reinterpret_cast<const uint4*>(key + token * key_stride + h * D + first));
-      rv[c] = __ldg(reinterpret_cast<const uint4*>(value + token * value_stride + h * D + first));
-    } else {
-      rk[c] = make_uint4(0, 0, 0, 0);
-      rv[c] = make_uint4(0, 0, 0, 0);
-    }
-  }
+  load_kv_chunks<NC, G::CSTRIDE>(key + token * key_stride + h * D, value + token * value_stride + h * D,
+                                 lig * G::LSTRIDE, KVLAB_WRITE_LOAD_GATE, rk, rv);
   const long long blk = active ? slot / block_size : 0;
   const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
 

@@ -8,6 +8,10 @@
 #   PYTEST_ARGS="tests/gpu/test_paged_attention_gpu.py" SKIP_BENCH=1 bash scripts/gpu_run.sh
 #   QUICK_SUITES="decode" ...   run those suites with --quick (the target shapes only)
 #   HOSTPROF=1 ...   also time the host side of one kvlab.paged_attention call (profile_host.py)
+#   VARIANTS="new=;old=-DFOO" ...   run every suite once per variant, KVLAB_NVRTC_OPTIONS set to
+#                    the options after '=' (A/B of compile-time switches in one process set;
+#                    results in bench_<suite>_<name>/)
+#   PROFILE_WRITE=1 ...   Nsight Compute over one write launch per format (profile_write.py)
 #
 # Each step has its own time limit (T_TESTS, T_SANITIZE, T_BENCH seconds) so that one slow
 # step cannot eat the whole call; every suite writes its own folder, so partial results
@@ -46,14 +50,25 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 echo "pytest done [$(( $(date +%s) - t0 )) s]"
 [ -n "${san_pid:-}" ] && wait "$san_pid"
 if [ -z "${SKIP_BENCH:-}" ]; then
+  IFS=';' read -r -a variants <<< "${VARIANTS:-=}"
   for s in ${SUITES:-write hadamard decode prefill}; do
-    tb="T_BENCH_$s"; tb=${!tb:-${T_BENCH:-150}}
-    qk=""; case " ${QUICK_SUITES:-} " in *" $s "*) qk="--quick";; esac
-    # shellcheck disable=SC2086
-    timeout "$tb" python3 -m kvlab bench "$s" $qk --out "$OUT/bench_$s" > "$OUT/bench_$s.log" 2>&1 \
-      || { echo "bench $s failed or timed out:"; tail -5 "$OUT/bench_$s.log"; }
-    echo "bench $s done [$(( $(date +%s) - t0 )) s]"
+    for v in "${variants[@]}"; do
+      vname=${v%%=*}; vopts=${v#*=}; dir="bench_$s${vname:+_$vname}"
+      tb="T_BENCH_$s"; tb=${!tb:-${T_BENCH:-150}}
+      qk=""; case " ${QUICK_SUITES:-} " in *" $s "*) qk="--quick";; esac
+      # shellcheck disable=SC2086
+      KVLAB_NVRTC_OPTIONS="$vopts" timeout "$tb" python3 -m kvlab bench "$s" $qk --out "$OUT/$dir" \
+        > "$OUT/$dir.log" 2>&1 || { echo "bench $dir failed or timed out:"; tail -5 "$OUT/$dir.log"; }
+      echo "bench $dir done [$(( $(date +%s) - t0 )) s]"
+    done
   done
+fi
+if [ -n "${PROFILE_WRITE:-}" ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  [ -n "$NCU" ] && timeout "${T_PROFILE:-150}" "$NCU" --clock-control none --set full \
+    -k regex:reshape_and_cache -c 5 python3 scripts/profile_write.py > "$OUT/ncu_write.txt" 2>&1
+  echo "write profile done [$(( $(date +%s) - t0 )) s]"
+  grep -E "reshape_and_cache|^ +(Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc A)" "$OUT/ncu_write.txt" | head -60
 fi
 if [ -n "${PROFILE:-}" ]; then
   # one int4 decode launch (batch 32 x 8k, 32/8 heads, d=128) under Nsight Compute, as text
@@ -73,7 +88,7 @@ echo "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest.log" | tail -1)"
 [ -f "$OUT/sanitize.txt" ] && grep -E "^(memcheck|racecheck|initcheck|synccheck|sanitize rc)" "$OUT/sanitize.txt"
 [ -f "$OUT/profile_host.txt" ] && grep -E "^(whole call|plan only|run only)" "$OUT/profile_host.txt"
 for f in "$OUT"/bench_*/results.md; do
-  [ -f "$f" ] && sed -n '/^## /,$p' "$f" | grep -E "^## |b=32|B=32|T=65536|1048576 rows x d=128|4096|131072|prefill" | head -40
+  [ -f "$f" ] && echo "# $(basename "$(dirname "$f")")" && sed -n '/^## /,$p' "$f" | grep -E "^## |b=32|B=32|T=65536|1048576 rows x d=128|4096|131072|prefill" | head -40
 done
 tar czf "$FINAL_OUT/gpu_run.tgz" -C "$OUT" . && echo "results: gpu_run.tgz ($(du -h "$FINAL_OUT/gpu_run.tgz" | cut -f1))"
 exit 0
