@@ -72,12 +72,11 @@ __device__ __forceinline__ void apply_rht_signs(float (&x)[EPT], int first) {
     x[j] = __uint_as_float(__float_as_uint(x[j]) ^ (((w >> j) & 1u) << 31));
 }
 
-// y = H · x over the D = EPT·LANES elements of the group (unnormalized, in place).
-// lane_in_group = lane index within the group (0 .. LANES-1).
-template <int EPT, int LANES>
-__device__ __forceinline__ void wht_group(float (&x)[EPT], int lane_in_group,
-                                          unsigned mask = 0xffffffffu) {
-  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
+// The in-register butterfly stages of a WHT: register strides h = 1, 2, 4, … < EPT of the
+// lane's EPT elements, pair (x[i], x[i + h]) -> (a + b, a - b). Which element strides these
+// are depends on the layout (wht_group: h; wht_chunked: h within a chunk, h·LANES between).
+template <int EPT>
+__device__ __forceinline__ void wht_register_stages(float (&x)[EPT]) {
 #pragma unroll
   for (int h = 1; h < EPT; h <<= 1) {
 #pragma unroll
@@ -89,6 +88,15 @@ __device__ __forceinline__ void wht_group(float (&x)[EPT], int lane_in_group,
       }
     }
   }
+}
+
+// y = H · x over the D = EPT·LANES elements of the group (unnormalized, in place).
+// lane_in_group = lane index within the group (0 .. LANES-1).
+template <int EPT, int LANES>
+__device__ __forceinline__ void wht_group(float (&x)[EPT], int lane_in_group,
+                                          unsigned mask = 0xffffffffu) {
+  static_assert(LANES >= 1 && LANES <= 32 && (LANES & (LANES - 1)) == 0, "LANES: power of two <= 32");
+  wht_register_stages<EPT>(x);
 #pragma unroll
   for (int m = 1; m < LANES; m <<= 1) {
     const bool upper = (lane_in_group & m) != 0;
@@ -113,28 +121,9 @@ __device__ __forceinline__ void wht_chunked(float (&x)[EPT], int lane_in_group,
   static_assert(EPT % VEC == 0 && (VEC & (VEC - 1)) == 0, "chunks of VEC elements");
   constexpr int NC = EPT / VEC;
   static_assert((NC & (NC - 1)) == 0, "power-of-two chunk count");
-#pragma unroll
-  for (int h = 1; h < VEC; h <<= 1) {  // within a chunk
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) {
-      if ((i & h) == 0) {
-        const float a = x[i], b = x[i + h];
-        x[i] = a + b;
-        x[i + h] = a - b;
-      }
-    }
-  }
-#pragma unroll
-  for (int h = VEC; h < EPT; h <<= 1) {  // between chunks (element stride h·LANES)
-#pragma unroll
-    for (int i = 0; i < EPT; ++i) {
-      if ((i & h) == 0) {
-        const float a = x[i], b = x[i + h];
-        x[i] = a + b;
-        x[i + h] = a - b;
-      }
-    }
-  }
+  // register strides h < VEC: within a chunk; VEC <= h < EPT: between chunks (element stride
+  // h·LANES). Both run in the order h = 1, 2, 4, …, as wht_group's.
+  wht_register_stages<EPT>(x);
 #pragma unroll
   for (int m = 1; m < LANES; m <<= 1) {  // between lanes (element stride VEC·m)
     const float sgn = (lane_in_group & m) ? -1.0f : 1.0f;
