@@ -273,7 +273,8 @@ __device__ __forceinline__ float qk_offset(int d) {
   else return 0.f;
 }
 
-// Two floats -> the packed 16-bit pair of the mma operand type (lo in bits 0..15), one cvt.
+// Two floats -> the packed 16-bit pair of the mma operand type (lo in bits 0..15), one cvt,
+// round to nearest. Used by the decode and the prefill kernels.
 template <typename CT> __device__ __forceinline__ uint32_t pack_f2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack_f2<__half>(float lo, float hi) {
   __half2 h = __floats2half2_rn(lo, hi);
@@ -284,7 +285,8 @@ template <> __device__ __forceinline__ uint32_t pack_f2<__nv_bfloat16>(float lo,
   return *reinterpret_cast<uint32_t*>(&h);
 }
 
-// 2^x on the SFU (ex2.approx, ~2 ulp; flushes subnormal results to 0; ex2(-inf) = 0).
+// 2^x on the SFU (MUFU.EX2 of ex2.approx, ~2 ulp; flushes subnormal results to 0;
+// ex2(-inf) = 0). Used by the decode and the prefill kernels.
 __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));

@@ -337,7 +337,7 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
     mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
     // running max in score units (cs > 0): exponent = s·cs − m·cs, one FFMA per element
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = pf_ex2((m0 - mn0) * cs0), al1 = pf_ex2((m1 - mn1) * cs1);
+    const float al0 = ex2_approx((m0 - mn0) * cs0), al1 = ex2_approx((m1 - mn1) * cs1);
     m0 = mn0; m1 = mn1;
     const float nm0 = mn0 == NEG_BIG ? 0.f : -mn0 * cs0;  // row fully masked so far: exponents -inf
     const float nm1 = mn1 == NEG_BIG ? 0.f : -mn1 * cs1;
@@ -355,16 +355,16 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         const int nt = 2 * kc + h;
-        float e00 = pf_ex2(fmaf(s[nt][0], cs0, nm0)), e01 = pf_ex2(fmaf(s[nt][1], cs0, nm0));
-        float e10 = pf_ex2(fmaf(s[nt][2], cs1, nm1)), e11 = pf_ex2(fmaf(s[nt][3], cs1, nm1));
+        float e00 = ex2_approx(fmaf(s[nt][0], cs0, nm0)), e01 = ex2_approx(fmaf(s[nt][1], cs0, nm0));
+        float e10 = ex2_approx(fmaf(s[nt][2], cs1, nm1)), e11 = ex2_approx(fmaf(s[nt][3], cs1, nm1));
         l0 += e00 + e01;
         l1 += e10 + e11;
         if constexpr (TOKSC) {
           const float2 vs = *reinterpret_cast<const float2*>(par + PF_KT + nt * 8 + 2 * c);
           e00 *= vs.x; e01 *= vs.y; e10 *= vs.x; e11 *= vs.y;
         }
-        pa[2 * h] = pf_pack2<CTV>(e00, e01);
-        pa[2 * h + 1] = pf_pack2<CTV>(e10, e11);
+        pa[2 * h] = pack_f2<CTV>(e00, e01);
+        pa[2 * h + 1] = pack_f2<CTV>(e10, e11);
       }
 #pragma unroll
       for (int j2 = 0; j2 < ON / 2; ++j2) {

@@ -76,24 +76,6 @@ __device__ __forceinline__ void pin_reg(unsigned& a, unsigned& b, unsigned& c) {
   asm volatile("" : "+r"(a), "+r"(b), "+r"(c));
 }
 
-// 2^x (MUFU.EX2, flush-to-zero: 2^-inf = 0).
-__device__ __forceinline__ float pf_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-// Two floats -> packed 16-bit pair (lo = a), round to nearest.
-template <typename CT> __device__ __forceinline__ uint32_t pf_pack2(float a, float b);
-template <> __device__ __forceinline__ uint32_t pf_pack2<__half>(float a, float b) {
-  __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-template <> __device__ __forceinline__ uint32_t pf_pack2<__nv_bfloat16>(float a, float b) {
-  __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
-  return *reinterpret_cast<uint32_t*>(&h);
-}
-
 __device__ __forceinline__ uint32_t hsub2_h(uint32_t a, uint32_t b) {
   __half2 r = __hsub2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
@@ -142,7 +124,7 @@ __device__ __forceinline__ uint4 dec_unit(uint32_t w0, uint32_t w1, uint32_t prm
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&h[i]));
-        h[i] = pf_pack2<__nv_bfloat16>(f.x, f.y);  // |c| <= 128: exact
+        h[i] = attn::pack_f2<__nv_bfloat16>(f.x, f.y);  // |c| <= 128: exact
       }
     }
     o.x = h[0]; o.y = h[1]; o.z = h[2]; o.w = h[3];
