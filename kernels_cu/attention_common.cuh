@@ -27,6 +27,7 @@
 // permuted instead and unpermuted on the way out.
 #pragma once
 #include "common.cuh"
+#include "hadamard.cuh"
 #include <cuda_fp8.h>
 
 namespace kvlab {
@@ -291,6 +292,40 @@ __device__ __forceinline__ float ex2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
+}
+
+// ---------------------------------------------------------------- query prologue
+// One query vector (query token row qtok = query_start_loc + token, head qhead), read by one
+// warp into x (E = D/32 consecutive elements per lane; zeros where !valid, a padding column
+// or row), rotated for int4 (RHT, hadamard.cuh: K and V live in the rotated domain). Returns
+// the prescale `pre`: the caller rounds x[j]·pre to the Q·K operand type and divides the
+// softmax scale by it. Shared by the decode (stage_query_column) and prefill prologues.
+template <int FMT, int D, typename T>
+__device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool valid, int qtok,
+                                                   int num_q_heads, int qhead, int lane,
+                                                   float (&x)[D / 32]) {
+  constexpr int E = D / 32;
+  if (valid) {
+    const T* qr = q + (static_cast<size_t>(qtok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = 0.f;
+  }
+  if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
+  float amax = 0.f;
+#pragma unroll
+  for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
+  amax = warp_max(amax);
+  float pre = 1.f;
+  if constexpr (FMT != AUTO) {
+    // fp16 operands (every quantized format's CT_QK): scale by 2^-e so that |q| < 2^15
+    // (fp16 max 65504); exact.
+    const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+    pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+  }
+  return pre;
 }
 
 // P·V operand for m-tile j (output dims g·D/8 + 2j + r, r = 0 for rows g, 1 for rows g+8)

@@ -201,25 +201,7 @@ __device__ __forceinline__ void stage_query_column(
   const bool valid = (n < tpc * hpc) && (tok < Lq);
   const int qhead = qhead0 + n % hpc;
   float x[E];
-  if (valid) {
-    const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = 0.f;
-  }
-  if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
-  float amax = 0.f;
-#pragma unroll
-  for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
-  amax = warp_max(amax);
-  float pre = 1.f;
-  if constexpr (sizeof(CTQ) == 2 && !(FMT == AUTO)) {
-    // fp16 operands: scale by 2^-e so that |q| < 2^15 (fp16 max 65504); exact.
-    const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-    pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
-  }
+  const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
   float s = 0.f, so = 0.f;
 #pragma unroll
   for (int j = 0; j < E; ++j) {

@@ -90,7 +90,8 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   const int nrow = min(tpc, Lq - tok0) * G;   // rows r < nrow are valid
   const int pbase = L - Lq + tok0;            // KV position of row 0's token
 
-  // ---- prologue: 128 query rows -> shared memory (dims in the tiles' order)
+  // ---- prologue: 128 query rows (load_query_vector: rotated for int4, prescaled) -> shared
+  // memory, dims in the tiles' order
   {
     uint16_t* q_sm = reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF);
     const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;  // nvfp4: global K scale
@@ -99,24 +100,7 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
       const int tok = tok0 + r / G;
       const int qhead = kvh * G + r % G;
       float x[E];
-      if (valid) {
-        const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-        for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-      } else {
-#pragma unroll
-        for (int j = 0; j < E; ++j) x[j] = 0.f;
-      }
-      if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
-      float amax = 0.f;
-#pragma unroll
-      for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
-      amax = warp_max(amax);
-      float pre = 1.f;
-      if constexpr (FMT != AUTO) {
-        const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
-        pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
-      }
+      const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
 #pragma unroll
       for (int j = 0; j < E; ++j) {
         const int dim = lane * E + j;
