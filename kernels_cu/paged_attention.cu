@@ -37,20 +37,27 @@ constexpr int ITEM = 5;   // ints per work item: seq, tok0, kv_lo, kv_hi, part (
 
 // Raw bytes of one 16-token tile as a thread of a decode warp holds them (lane = 4g + c):
 // K rows of tokens g and g+8 (KB bytes from byte c·KB of the code part), V rows of tokens
-// 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB), the per-token parameter words and the
-// nvfp4 scales. Filled from global memory (paged_attention_decode) or from a page staged
-// in shared memory (paged_attention_decode_paged); decoded by decode_tile_math.
+// 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB) and the nvfp4 scales. The int4/int8/fp8
+// parameter words are held differently by the two decode kernels: DecodeRaw and HeadRaw
+// below add them.
 template <int FMT, int D>
-struct DecodeRaw {
+struct TileRaw {
   using TR = Traits<FMT, D, __half>;
   static constexpr int KW = TR::KB / 4, VW = TR::VB / 4;
   static constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;
+  static constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;   // nvfp4 K scale groups per thread
   static constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;
   uint32_t ka[KW], kb[KW];                  // K: tokens g, g+8
   uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens 2c, 2c+1, 2c+8, 2c+9
-  uint32_t pkg, pkg8, pvg, pvg8;            // int4/int8/fp8: parameter words of tokens g, g+8
   uint32_t skg[SW], skg8[SW];               // nvfp4: K scale rows of tokens g, g+8
   uint32_t sv[4][NGV];                      // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
+};
+
+// TileRaw plus the parameter words of tokens g, g+8 (int4/int8/fp8). Filled from a page
+// staged in shared memory (paged_attention_decode_paged); decoded by decode_tile_math.
+template <int FMT, int D>
+struct DecodeRaw : TileRaw<FMT, D> {
+  uint32_t pkg, pkg8, pvg, pvg8;            // K, K, V, V
 };
 
 // a[idx] for a small register array and a run-time idx, without local memory.
@@ -60,6 +67,59 @@ __device__ __forceinline__ uint32_t pick_word(const uint32_t (&a)[N], int idx) {
 #pragma unroll
   for (int j = 1; j < N; ++j) v = (idx == j) ? a[j] : v;
   return v;
+}
+
+// nvfp4 group scales of a tile (fp16x2 of sf·2^7, both halves equal): K of tokens g, g+8 for
+// the NGK groups of this thread's K bytes (lane c), V of the token pairs (2c, 2c+1) and
+// (2c+8, 2c+9). Zeros for the other formats (the operands ignore them). Both tile maths.
+template <int FMT, int D>
+__device__ __forceinline__ void tile_scales(
+    const TileRaw<FMT, D>& r, int c, uint32_t (&sfk_g)[TileRaw<FMT, D>::NGK],
+    uint32_t (&sfk_g8)[TileRaw<FMT, D>::NGK], uint32_t (&sfv01)[TileRaw<FMT, D>::NGV],
+    uint32_t (&sfv23)[TileRaw<FMT, D>::NGV]) {
+  constexpr int NGK = TileRaw<FMT, D>::NGK, NGV = TileRaw<FMT, D>::NGV;
+  if constexpr (FMT == NVFP4) {
+#pragma unroll
+    for (int i = 0; i < NGK; ++i) {
+      const int gi = c * NGK + i;
+      // gi depends on the lane: pick the word with compile-time indices (a run-time index
+      // would move skg/skg8 to local memory — a 224-byte stack frame at D=128)
+      const uint16_t ha = bits16<__half>(e4m3_to_float((pick_word(r.skg, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      const uint16_t hb = bits16<__half>(e4m3_to_float((pick_word(r.skg8, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
+      sfk_g[i] = pack2(ha, ha);
+      sfk_g8[i] = pack2(hb, hb);
+    }
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) {
+      sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
+      sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
+  }
+}
+
+// O^T += V^T·P^T for one tile (m16 dims x n8 columns x k16 tokens per m-tile j): the V rows of
+// TileRaw as the A operand, P' (pb0, pb1: tokens 2c, 2c+1 | 2c+8, 2c+9 of column g) as B.
+// mlo: the int4 nibble mask (v_operand_fast). Both tile maths.
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void pv_mma(const TileRaw<FMT, D>& r, float (&acc)[D / 16][4],
+                                       const uint32_t (&sfv01)[TileRaw<FMT, D>::NGV],
+                                       const uint32_t (&sfv23)[TileRaw<FMT, D>::NGV],
+                                       uint32_t pb0, uint32_t pb1, uint32_t mlo) {
+  using CTV = typename Traits<FMT, D, T>::CT_PV;
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
+    const uint32_t a0 = v_operand_fast<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi], mlo);
+    const uint32_t a1 = v_operand_fast<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi], mlo);
+    const uint32_t a2 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi], mlo);
+    const uint32_t a3 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi], mlo);
+    Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
+  }
 }
 
 // One warp, one 16-token tile at KV positions p0 .. p0+15, 8 query columns: S^T = K·Q^T,
@@ -75,8 +135,8 @@ __device__ __forceinline__ void decode_tile_math(
   using CTQ = typename TR::CT_QK;
   using CTV = typename TR::CT_PV;
   constexpr int KC = D / 16;
-  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;
-  constexpr int NGV = DecodeRaw<FMT, D>::NGV;
+  constexpr int NGK = TileRaw<FMT, D>::NGK;
+  constexpr int NGV = TileRaw<FMT, D>::NGV;
   const int g = lane >> 2, c = lane & 3;
   const int tg = g, tg8 = g + 8;
 
@@ -95,29 +155,8 @@ __device__ __forceinline__ void decode_tile_math(
     if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
     if constexpr (FMT == FP8) { vsc_g *= FP8_V_P; vsc_g8 *= FP8_V_P; }
   }
-  if constexpr (FMT == NVFP4) {
-#pragma unroll
-    for (int i = 0; i < NGK; ++i) {
-      const int gi = c * NGK + i;
-      // gi depends on the lane: pick the word with compile-time indices (a run-time index
-      // would move skg/skg8 to local memory — a 224-byte stack frame at D=128)
-      const uint16_t ha = bits16<__half>(e4m3_to_float((pick_word(r.skg, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-      const uint16_t hb = bits16<__half>(e4m3_to_float((pick_word(r.skg8, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-      sfk_g[i] = pack2(ha, ha);
-      sfk_g8[i] = pack2(hb, hb);
-    }
-#pragma unroll
-    for (int i = 0; i < NGV; ++i) {
-      sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
-      sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
-    }
-    ksc_g = ksc_g8 = 128.f * k_scale;
-  } else {
-#pragma unroll
-    for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
-#pragma unroll
-    for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
-  }
+  tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
+  if constexpr (FMT == NVFP4) ksc_g = ksc_g8 = 128.f * k_scale;
 
   // ---- S^T = K·Q^T
   float s[4] = {0.f, 0.f, 0.f, 0.f};
@@ -172,16 +211,8 @@ __device__ __forceinline__ void decode_tile_math(
   const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c + 8);
   __syncwarp();
 
-  // ---- O^T += V^T·P^T
-#pragma unroll
-  for (int j = 0; j < KC; ++j) {
-    const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
-    const uint32_t a0 = v_operand<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi]);
-    const uint32_t a1 = v_operand<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi]);
-    const uint32_t a2 = v_operand<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi]);
-    const uint32_t a3 = v_operand<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi]);
-    Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
-  }
+  // ---- O^T += V^T·P^T (the int4 mask as a constant: v_operand_fast = v_operand)
+  pv_mma<FMT, D, T>(r, acc, sfv01, sfv23, pb0, pb1, 0x000F000Fu);
 }
 
 // ---- shared by both decode kernels: the query prologue and the per-column output
@@ -250,22 +281,12 @@ __device__ __forceinline__ void finish_column(
 }
 
 // ---- paged_attention_decode: per-warp tile in the S = Q·K^T orientation
-// The raw bytes of one 16-token tile as a thread of paged_attention_decode holds them
-// (lane = 4g + c): K rows of tokens g, g+8 (KB bytes from byte c·KB), V rows of tokens t0..t3
-// = 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB), one parameter word per lane (int4/int8/
-// fp8: token lane & 15 of side lane >> 4, handed to the lanes that need it by shuffles) and
-// the nvfp4 scales.
+// The raw bytes of one 16-token tile as a thread of paged_attention_decode holds them:
+// TileRaw (V tokens t0..t3 = 2c, 2c+1, 2c+8, 2c+9) plus one parameter word per lane (int4/
+// int8/fp8: token lane & 15 of side lane >> 4, handed to the lanes that need it by shuffles).
 template <int FMT, int D>
-struct HeadRaw {
-  using TR = Traits<FMT, D, __half>;
-  static constexpr int KW = TR::KB / 4, VW = TR::VB / 4;
-  static constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;
-  static constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;
-  uint32_t ka[KW], kb[KW];
-  uint32_t v0[VW], v1[VW], v2[VW], v3[VW];
+struct HeadRaw : TileRaw<FMT, D> {
   uint32_t par;
-  uint32_t skg[SW], skg8[SW];
-  uint32_t sv[4][NGV];
 };
 
 template <bool B> struct MaskTag { static constexpr bool value = B; };
@@ -295,32 +316,13 @@ __device__ __forceinline__ void head_tile_math(
   using CTQ = typename TR::CT_QK;
   using CTV = typename TR::CT_PV;
   constexpr int KC = D / 16;
-  constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;
-  constexpr int NGV = HeadRaw<FMT, D>::NGV;
+  constexpr int NGK = TileRaw<FMT, D>::NGK;
+  constexpr int NGV = TileRaw<FMT, D>::NGV;
   const int g = lane >> 2, c = lane & 3;
 
   // nvfp4 group scales (fp16x2 of sf·2^7)
   uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
-  if constexpr (FMT == NVFP4) {
-#pragma unroll
-    for (int i = 0; i < NGK; ++i) {
-      const int gi = c * NGK + i;
-      const uint16_t ha = bits16<__half>(e4m3_to_float((pick_word(r.skg, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-      const uint16_t hb = bits16<__half>(e4m3_to_float((pick_word(r.skg8, gi >> 2) >> (8 * (gi & 3))) & 0xFFu) * 128.f);
-      sfk_g[i] = pack2(ha, ha);
-      sfk_g8[i] = pack2(hb, hb);
-    }
-#pragma unroll
-    for (int i = 0; i < NGV; ++i) {
-      sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
-      sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;
-#pragma unroll
-    for (int i = 0; i < NGV; ++i) sfv01[i] = sfv23[i] = 0u;
-  }
+  tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
 
   // ---- S = Q·K^T. A = the quad {q(kk), q(kk+1)} of two k-chunks: rows g hold chunk kk, rows
   // g+8 chunk kk+1 (no zero registers). Chunk kk's product lands in rows g of the "even"
@@ -410,15 +412,7 @@ __device__ __forceinline__ void head_tile_math(
   }
 
   // ---- O^T += V^T·P^T
-#pragma unroll
-  for (int j = 0; j < KC; ++j) {
-    const int gi = (FMT == NVFP4 && D >= 256) ? ((2 * j) >> 4) : 0;
-    const uint32_t a0 = v_operand_fast<FMT, D>(r.v0, r.v1, 2 * j, sfv01[gi], mlo);
-    const uint32_t a1 = v_operand_fast<FMT, D>(r.v0, r.v1, 2 * j + 1, sfv01[gi], mlo);
-    const uint32_t a2 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j, sfv23[gi], mlo);
-    const uint32_t a3 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi], mlo);
-    Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
-  }
+  pv_mma<FMT, D, T>(r, acc, sfv01, sfv23, pb0, pb1, mlo);
 }
 
 template <int FMT, int D, typename T>
