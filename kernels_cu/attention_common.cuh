@@ -294,6 +294,21 @@ __device__ __forceinline__ float ex2_approx(float x) {
   return y;
 }
 
+// ---------------------------------------------------------------- nvfp4 V-scale swizzle
+// Where the V scale of (token t, group grp) sits in a tile's scale part: token ts, byte gs
+// (S = D/16 scales per row). SPEC 2.3 swizzle (vLLM SM100 order) when `swizzle`: tokens
+// within groups of 4, so tiles and chunks that start at a multiple of 16 (4) swizzle locally
+// (t relative to the tile). Decode (both kernels) and prefill.
+template <int S>
+__device__ __forceinline__ void v_scale_pos(int t, int grp, bool swizzle, int& ts, int& gs) {
+  ts = t; gs = grp;
+  if (swizzle) {
+    constexpr int QQ = S / 4;
+    ts = (t / 4) * 4 + grp / QQ;
+    gs = (grp % QQ) * 4 + t % 4;
+  }
+}
+
 // ---------------------------------------------------------------- query prologue
 // One query vector (query token row qtok = query_start_loc + token, head qhead), read by one
 // warp into x (E = D/32 consecutive elements per lane; zeros where !valid, a padding column

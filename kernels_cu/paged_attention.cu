@@ -252,6 +252,38 @@ __device__ __forceinline__ void stage_query_column(
   }
 }
 
+// KV range of a CTA: its split [kv_lo, kv_hi) cut to what the columns can see (query KV
+// positions qpos[n], -1 for a padding column): below the last query position + 1 and, with a
+// window, from the first query's window start. Returns the number of 16-token tiles from
+// lo16 (the start rounded down to a multiple of 16); pmin / pmax: the valid query positions.
+__device__ __forceinline__ int kv_tiles(const int (&qpos)[NCOL], int kv_lo, int kv_hi,
+                                        int window, int& pmin, int& pmax, int& lo16) {
+  pmax = -1; pmin = 0x7fffffff;
+#pragma unroll
+  for (int n = 0; n < NCOL; ++n) {
+    const int p = qpos[n];
+    if (p >= 0) { pmax = max(pmax, p); pmin = min(pmin, p); }
+  }
+  int lo = kv_lo, hi = min(kv_hi, pmax + 1);
+  if (window > 0) lo = max(lo, pmin - window + 1);
+  lo16 = lo & ~15;
+  return hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;
+}
+
+// A warp's O^T accumulators (thread (g, c): columns 2c, 2c+1 at dims g·D/8 + 2j + {0, 1})
+// minus the int4 zero-point terms z0, z1 of those columns, into the column rows
+// ow[n·D + dim] (shared memory).
+template <int D>
+__device__ __forceinline__ void store_acc_columns(float* ow, const float (&acc)[D / 16][4],
+                                                  float z0, float z1, int g, int c) {
+#pragma unroll
+  for (int j = 0; j < D / 16; ++j) {
+    const int dim = g * (D / 8) + 2 * j;
+    *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
+    *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
+  }
+}
+
 // One output column n (one warp, E elements per lane, unnormalized, V factor applied) with
 // softmax max M and sum Ls: the float32 partial of split `part` at `slot`, or the final row
 // (÷ Ls, int4 inverse rotation) for a valid column.
@@ -469,7 +501,10 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
                                   &cscale_sm[n], &qpos_sm[n]);
   __syncthreads();
 
-  // Q operand (A fragment, row g = column g; rows 8..15 are zero), in the dim order of K
+  // Q operand (A fragment, row g = column g; rows 8..15 are zero), in the dim order of K.
+  // The paged kernel packs the same registers (its B fragment) with the same loop, written
+  // out there too: as a shared function it changes that kernel's SASS (register allocation
+  // and schedule of all 30 instantiations, NVRTC 13.5, sm_90).
   uint32_t qa[KC][2];
 #pragma unroll
   for (int kk = 0; kk < KC; ++kk)
@@ -482,16 +517,8 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   const int qpos = qpos_sm[g];
 
   // KV range of this CTA: its split, cut to what the columns can see
-  int pmax = -1, pmin = 0x7fffffff;
-#pragma unroll
-  for (int n = 0; n < NCOL; ++n) {
-    const int p = qpos_sm[n];
-    if (p >= 0) { pmax = max(pmax, p); pmin = min(pmin, p); }
-  }
-  int lo = kv_lo, hi = min(kv_hi, pmax + 1);
-  if (window > 0) lo = max(lo, pmin - window + 1);
-  const int lo16 = lo & ~15;
-  const int ntiles = hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;
+  int pmin, pmax, lo16;
+  const int ntiles = kv_tiles(qpos_sm, kv_lo, kv_hi, window, pmin, pmax, lo16);
   // Tiles [tf0, tf1) need no bounds or mask test: every position < L, ≤ every query position
   // and inside every column's window. The others (the last one, causal or window edges) do.
   const int tend = (pmin < L ? pmin + 1 : L) - lo16;
@@ -531,13 +558,8 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
       const int grp = (g * (D / 8)) / 16 + i;
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        int tt = t4[k], gg = grp;   // tiles start at a multiple of 16: the swizzle is local
-        if (swizzle_v) {            // SPEC 2.3 V-scale swizzle (vLLM SM100 order)
-          const int qq = S / 4;
-          const int ts = (tt / 4) * 4 + grp / qq;
-          gg = (grp % qq) * 4 + tt % 4;
-          tt = ts;
-        }
+        int tt, gg;   // tiles start at a multiple of 16: the swizzle is local
+        v_scale_pos<S>(t4[k], grp, swizzle_v, tt, gg);
         of.sv[k][i] = side + sbase + (tt * H + kvh) * S + gg;
       }
     }
@@ -648,13 +670,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   z += __shfl_xor_sync(0xffffffffu, z, 2);
   {
     const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
-    float* ow = o_sm[warp];
-#pragma unroll
-    for (int j = 0; j < KC; ++j) {
-      const int dim = g * (D / 8) + 2 * j;
-      *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
-      *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
-    }
+    store_acc_columns<D>(o_sm[warp], acc, z0, z1, g, c);
     if (c == 0) { m_sm[warp][g] = m; l_sm[warp][g] = l; }
   }
   __syncthreads();
@@ -819,7 +835,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                                   scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
                                   &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
   __syncwarp();
-  uint32_t qf[KC][2];
+  uint32_t qf[KC][2];   // B fragment (column g): the registers of the per-head kernel's qa
 #pragma unroll
   for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
@@ -831,16 +847,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int qpos0 = qpos_sm[warp][2 * c], qpos1 = qpos_sm[warp][2 * c + 1];
 
   // KV range: the same for every warp (all column groups hold the same query tokens)
-  int pmax = -1, pmin = 0x7fffffff;
-#pragma unroll
-  for (int n = 0; n < NCOL; ++n) {
-    const int p = qpos_sm[warp][n];
-    if (p >= 0) { pmax = max(pmax, p); pmin = min(pmin, p); }
-  }
-  int lo = kv_lo, hi = min(kv_hi, pmax + 1);
-  if (window > 0) lo = max(lo, pmin - window + 1);
-  const int lo16 = lo & ~15;
-  const int nch = hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;   // 16-token chunks
+  int pmin, pmax, lo16;
+  const int nch = kv_tiles(qpos_sm[warp], kv_lo, kv_hi, window, pmin, pmax, lo16);   // 16-token chunks
   const int nst = (nch + CPT - 1) / CPT;                    // stages
 
   float acc[KC][4];
@@ -922,13 +930,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
           const int rr = (k == 0) ? t0 : (k == 1) ? t1 : (k == 2) ? t2 : t3;
-          int tt = rr, gg = grp;   // token within the chunk: chunks start at a multiple of 16
-          if (swizzle_v) {         // SPEC 2.3 V-scale swizzle, within groups of 4 tokens
-            const int qq = S / 4;
-            const int ts = (tt / 4) * 4 + grp / qq;
-            gg = (grp % qq) * 4 + tt % 4;
-            tt = ts;
-          }
+          int tt, gg;   // token within the chunk: chunks start at a multiple of 16
+          v_scale_pos<S>(rr, grp, swizzle_v, tt, gg);
           const uint32_t v = vsc[((16 * j + tt) * H + kvh) * S + gg];
           r.sv[k][i] = (p0 + rr < L) ? v : 0u;
         }
@@ -970,12 +973,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncthreads();  // (nst == 0) every warp is past its q staging
   float* ow = reinterpret_cast<float*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
-#pragma unroll
-  for (int j = 0; j < KC; ++j) {
-    const int dim = g * (D / 8) + 2 * j;
-    *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
-    *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
-  }
+  store_acc_columns<D>(ow, acc, z0, z1, g, c);
   if (g == 0) {
     mo_sm[warp][2 * c] = m0; mo_sm[warp][2 * c + 1] = m1;
     lo_sm[warp][2 * c] = l0; lo_sm[warp][2 * c + 1] = l1;

@@ -169,12 +169,8 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
         for (int i = 0; i < NGK; ++i) {
           const int grp = part * NGK + i;
           kb |= static_cast<uint32_t>(__ldg(ks + grp)) << (8 * i);
-          int t2 = tt, gg = grp;
-          if (swizzle_v) {
-            constexpr int QQ = S / 4;
-            t2 = (tt / 4) * 4 + grp / QQ;
-            gg = (grp % QQ) * 4 + tt % 4;
-          }
+          int t2, gg;
+          v_scale_pos<S>(tt, grp, swizzle_v, t2, gg);
           const uint8_t* vs = kslab + side_stride + data_part +
                               static_cast<unsigned>((t2 * num_kv_heads + kvh) * S + gg);
           vb |= static_cast<uint32_t>(__ldg(vs)) << (8 * i);
