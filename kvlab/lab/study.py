@@ -138,37 +138,46 @@ def quantize_capture(capture, recipe, layer: int, calib=None, model=None):
     return kq, v
 
 
-def tensor_sweep(capture, recipes, layers=None, calib=None, model=None, progress: bool = True) -> list:
-    """Rows ``{recipe, label, bits, layer, side, rel_mse, sqnr_db, cosine}`` per recipe × layer × side."""
+def _quantized_layers(capture, recipes, layers, calib, model, progress: bool, what: str):
+    """The loop of a sweep over captured activations: checks the arguments now (before any
+    row is built), then returns an iterator of ``(recipe, layer, kq, vq)`` per recipe × layer
+    (``quantize_capture``), with a progress bar labelled ``what``."""
     _check_capture(capture)
     recipes = _as_recipes(recipes)
     layers = _layers(layers, capture)
+
+    def quantized():
+        for r in _progress(recipes, what, progress):
+            for layer in layers:
+                kq, vq = quantize_capture(capture, r, layer, calib, model)
+                yield r, layer, kq, vq
+
+    return quantized()
+
+
+def tensor_sweep(capture, recipes, layers=None, calib=None, model=None, progress: bool = True) -> list:
+    """Rows ``{recipe, label, bits, layer, side, rel_mse, sqnr_db, cosine}`` per recipe × layer × side."""
+    quantized = _quantized_layers(capture, recipes, layers, calib, model, progress, "tensor sweep")
     rows = []
     d = capture.head_dim
-    for r in _progress(recipes, "tensor sweep", progress):
-        for layer in layers:
-            kq, vq = quantize_capture(capture, r, layer, calib, model)
-            for side, x, xq in (("k", capture.keys[layer], kq), ("v", capture.values[layer], vq)):
-                rows.append({"recipe": r.name, "label": r.label(), "bits": r.side_bits(side, d), "layer": layer,
-                             "side": side, **tensor_errors(x, xq)})
+    for r, layer, kq, vq in quantized:
+        for side, x, xq in (("k", capture.keys[layer], kq), ("v", capture.values[layer], vq)):
+            rows.append({"recipe": r.name, "label": r.label(), "bits": r.side_bits(side, d), "layer": layer,
+                         "side": side, **tensor_errors(x, xq)})
     return rows
 
 
 def attention_sweep(capture, recipes, layers=None, calib=None, model=None, progress: bool = True) -> list:
     """Rows ``{recipe, bits, layer, k_rel_mse, v_rel_mse, score_rel_err, out_rel_err}`` per recipe × layer."""
-    _check_capture(capture)
-    recipes = _as_recipes(recipes)
-    layers = _layers(layers, capture)
+    quantized = _quantized_layers(capture, recipes, layers, calib, model, progress, "attention sweep")
     rows = []
     d = capture.head_dim
-    for r in _progress(recipes, "attention sweep", progress):
-        for layer in layers:
-            kq, vq = quantize_capture(capture, r, layer, calib, model)
-            k, v = capture.keys[layer], capture.values[layer]
-            att = attention_errors(capture.queries[layer], k, v, kq, vq, capture.scaling)
-            rows.append({"recipe": r.name, "bits": r.bits_per_element(d), "layer": layer,
-                         "k_rel_mse": tensor_errors(k, kq)["rel_mse"], "v_rel_mse": tensor_errors(v, vq)["rel_mse"],
-                         **att})
+    for r, layer, kq, vq in quantized:
+        k, v = capture.keys[layer], capture.values[layer]
+        att = attention_errors(capture.queries[layer], k, v, kq, vq, capture.scaling)
+        rows.append({"recipe": r.name, "bits": r.bits_per_element(d), "layer": layer,
+                     "k_rel_mse": tensor_errors(k, kq)["rel_mse"], "v_rel_mse": tensor_errors(v, vq)["rel_mse"],
+                     **att})
     return rows
 
 
