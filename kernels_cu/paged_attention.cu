@@ -16,7 +16,8 @@
 //
 // paged_attention_decode_paged<FMT, D, T> (plan variant "paged", at the end of this file):
 //   the same work items, one CTA for all KV heads, whole page chunks staged in shared memory
-//   with cp.async; both decode kernels share decode_tile_math.
+//   with cp.async, tiles decoded by decode_tile_math (S^T = K·Q^T orientation); the per-head
+//   kernel uses head_tile_math (S = Q·K^T). Both share TileRaw, tile_scales and pv_mma.
 //
 // Bytes: each (token, KV head) row of K and V is read once per CTA that covers it: D/2+4
 // bytes per row for int4 (68 at D = 128), D+4 for int8/fp8, D/2+D/16 for nvfp4, 2D for auto.
@@ -124,7 +125,8 @@ __device__ __forceinline__ void pv_mma(const TileRaw<FMT, D>& r, float (&acc)[D 
 
 // One warp, one 16-token tile at KV positions p0 .. p0+15, 8 query columns: S^T = K·Q^T,
 // masking, the online softmax update of (m, l) per column, O^T += V^T·P'^T (and the int4
-// zero-point sum z). Shared by both decode kernels; `ps` is the warp's 8x16 P scratch.
+// zero-point sum z). The tile math of paged_attention_decode_paged (the per-head kernel uses
+// head_tile_math); `ps` is the warp's 8x16 P scratch.
 template <int FMT, int D, typename T>
 __device__ __forceinline__ void decode_tile_math(
     const DecodeRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m0, float& m1,
