@@ -14,10 +14,10 @@
 //   INT4: the query is rotated in the prologue (RHT, hadamard.cuh) and the output
 //   inverse-rotated in the epilogue / the reduction; K and V stay in the rotated domain.
 //
-// paged_attention_decode_paged<FMT, D, T> (plan variant "paged", at the end of this file):
-//   the same work items, one CTA for all KV heads, whole page chunks staged in shared memory
-//   with cp.async, tiles decoded by decode_tile_math (S^T = K·Q^T orientation); the per-head
-//   kernel uses head_tile_math (S = Q·K^T). Both share TileRaw, tile_scales and pv_mma.
+// paged_attention_decode_paged<FMT, D, T> (plan variant "paged", sm_90, at the end of this
+//   file): the same work items, one CTA for all KV heads, whole page chunks staged in shared
+//   memory by bulk copies (TMA) in a ring of stages; each warp decodes its head's rows from
+//   there with the per-head kernel's tile math (head_tile_math, S = Q·K^T).
 //
 // Bytes: each (token, KV head) row of K and V is read once per CTA that covers it: D/2+4
 // bytes per row for int4 (68 at D = 128), D+4 for int8/fp8, D/2+D/16 for nvfp4, 2D for auto.
@@ -39,8 +39,7 @@ constexpr int ITEM = 5;   // ints per work item: seq, tok0, kv_lo, kv_hi, part (
 // Raw bytes of one 16-token tile as a thread of a decode warp holds them (lane = 4g + c):
 // K rows of tokens g and g+8 (KB bytes from byte c·KB of the code part), V rows of tokens
 // 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB) and the nvfp4 scales. The int4/int8/fp8
-// parameter words are held differently by the two decode kernels: DecodeRaw and HeadRaw
-// below add them.
+// parameter words are added by HeadRaw below.
 template <int FMT, int D>
 struct TileRaw {
   using TR = Traits<FMT, D, __half>;
@@ -52,13 +51,6 @@ struct TileRaw {
   uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens 2c, 2c+1, 2c+8, 2c+9
   uint32_t skg[SW], skg8[SW];               // nvfp4: K scale rows of tokens g, g+8
   uint32_t sv[4][NGV];                      // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
-};
-
-// TileRaw plus the parameter words of tokens g, g+8 (int4/int8/fp8). Filled from a page
-// staged in shared memory (paged_attention_decode_paged); decoded by decode_tile_math.
-template <int FMT, int D>
-struct DecodeRaw : TileRaw<FMT, D> {
-  uint32_t pkg, pkg8, pvg, pvg8;            // K, K, V, V
 };
 
 // a[idx] for a small register array and a run-time idx, without local memory.
@@ -121,100 +113,6 @@ __device__ __forceinline__ void pv_mma(const TileRaw<FMT, D>& r, float (&acc)[D 
     const uint32_t a3 = v_operand_fast<FMT, D>(r.v2, r.v3, 2 * j + 1, sfv23[gi], mlo);
     Mma<CTV>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
   }
-}
-
-// One warp, one 16-token tile at KV positions p0 .. p0+15, 8 query columns: S^T = K·Q^T,
-// masking, the online softmax update of (m, l) per column, O^T += V^T·P'^T (and the int4
-// zero-point sum z). The tile math of paged_attention_decode_paged (the per-head kernel uses
-// head_tile_math); `ps` is the warp's 8x16 P scratch.
-template <int FMT, int D, typename T>
-__device__ __forceinline__ void decode_tile_math(
-    const DecodeRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m0, float& m1,
-    float& l0, float& l1, float& z0, float& z1, const uint32_t (&qf)[D / 16][2], float qsum0,
-    float qsum1, float cs0, float cs1, int qpos0, int qpos1, int L, int window, float k_scale,
-    uint16_t* ps, int lane) {
-  using TR = Traits<FMT, D, T>;
-  using CTQ = typename TR::CT_QK;
-  using CTV = typename TR::CT_PV;
-  constexpr int KC = D / 16;
-  constexpr int NGK = TileRaw<FMT, D>::NGK;
-  constexpr int NGV = TileRaw<FMT, D>::NGV;
-  const int g = lane >> 2, c = lane & 3;
-  const int tg = g, tg8 = g + 8;
-
-  // ---- per-token parameters
-  float ksc_g = 1.f, ksc_g8 = 1.f, koff_g = 0.f, koff_g8 = 0.f;
-  float vsc_g = 1.f, vsc_g8 = 1.f, vzp_g = 0.f, vzp_g8 = 0.f;
-  uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
-  if constexpr (FMT == INT4) {
-    ksc_g = __uint_as_float(r.pkg & ~0xFu); koff_g = 1024.f + static_cast<float>(r.pkg & 0xFu);
-    ksc_g8 = __uint_as_float(r.pkg8 & ~0xFu); koff_g8 = 1024.f + static_cast<float>(r.pkg8 & 0xFu);
-    vsc_g = __uint_as_float(r.pvg & ~0xFu); vzp_g = 128.f + static_cast<float>(r.pvg & 0xFu);
-    vsc_g8 = __uint_as_float(r.pvg8 & ~0xFu); vzp_g8 = 128.f + static_cast<float>(r.pvg8 & 0xFu);
-  } else if constexpr (FMT == INT8 || FMT == FP8) {
-    ksc_g = __uint_as_float(r.pkg); ksc_g8 = __uint_as_float(r.pkg8);
-    vsc_g = __uint_as_float(r.pvg); vsc_g8 = __uint_as_float(r.pvg8);
-    if constexpr (FMT == INT8) { koff_g = 1152.f; koff_g8 = 1152.f; }
-    if constexpr (FMT == FP8) { vsc_g *= FP8_V_P; vsc_g8 *= FP8_V_P; }
-  }
-  tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
-  if constexpr (FMT == NVFP4) ksc_g = ksc_g8 = 128.f * k_scale;
-
-  // ---- S^T = K·Q^T
-  float s[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-  for (int kk = 0; kk < KC; ++kk) {
-    const int gi = (FMT == NVFP4) ? (kk >> 2) : 0;
-    const uint32_t a0 = k_operand<FMT, D>(r.ka, kk, 0, sfk_g[gi]);
-    const uint32_t a1 = k_operand<FMT, D>(r.kb, kk, 0, sfk_g8[gi]);
-    const uint32_t a2 = k_operand<FMT, D>(r.ka, kk, 1, sfk_g[gi]);
-    const uint32_t a3 = k_operand<FMT, D>(r.kb, kk, 1, sfk_g8[gi]);
-    Mma<CTQ>::run(s, a0, a1, a2, a3, qf[kk][0], qf[kk][1]);
-  }
-  // scores in log2 units; s[0] = (token g, col 2c), s[1] = (g, 2c+1), s[2] = (g+8, 2c), s[3] = (g+8, 2c+1)
-  const int kp_g = p0 + tg, kp_g8 = p0 + tg8;
-  auto allowed = [&](int kp, int qp) {
-    return kp < L && kp <= qp && (window <= 0 || kp > qp - window);
-  };
-  float x0 = allowed(kp_g, qpos0) ? ksc_g * (s[0] - koff_g * qsum0) * cs0 : neg_inf();
-  float x1 = allowed(kp_g, qpos1) ? ksc_g * (s[1] - koff_g * qsum1) * cs1 : neg_inf();
-  float x2 = allowed(kp_g8, qpos0) ? ksc_g8 * (s[2] - koff_g8 * qsum0) * cs0 : neg_inf();
-  float x3 = allowed(kp_g8, qpos1) ? ksc_g8 * (s[3] - koff_g8 * qsum1) * cs1 : neg_inf();
-  float mx0 = fmaxf(x0, x2), mx1 = fmaxf(x1, x3);
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, off));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, off));
-  }
-  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-  const float al0 = exp2f(m0 - mn0), al1 = exp2f(m1 - mn1);
-  m0 = mn0; m1 = mn1;
-  const float e0 = exp2f(x0 - mn0), e1 = exp2f(x1 - mn1), e2 = exp2f(x2 - mn0), e3 = exp2f(x3 - mn1);
-  l0 = l0 * al0 + e0 + e2;
-  l1 = l1 * al1 + e1 + e3;
-#pragma unroll
-  for (int j = 0; j < KC; ++j) {
-    acc[j][0] *= al0; acc[j][1] *= al1; acc[j][2] *= al0; acc[j][3] *= al1;
-  }
-  z0 *= al0; z1 *= al1;
-  // P' = P · (V scale of the token), rounded to the P·V operand type
-  const uint16_t b0 = bits16<CTV>(e0 * vsc_g), b1 = bits16<CTV>(e1 * vsc_g);
-  const uint16_t b2 = bits16<CTV>(e2 * vsc_g8), b3 = bits16<CTV>(e3 * vsc_g8);
-  if constexpr (FMT == INT4) {  // Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees
-    z0 += from_bits16<CTV>(b0) * vzp_g + from_bits16<CTV>(b2) * vzp_g8;
-    z1 += from_bits16<CTV>(b1) * vzp_g + from_bits16<CTV>(b3) * vzp_g8;
-  }
-  ps[(2 * c) * 16 + tg] = b0;
-  ps[(2 * c + 1) * 16 + tg] = b1;
-  ps[(2 * c) * 16 + tg8] = b2;
-  ps[(2 * c + 1) * 16 + tg8] = b3;
-  __syncwarp();
-  const uint32_t pb0 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c);
-  const uint32_t pb1 = *reinterpret_cast<const uint32_t*>(ps + g * 16 + 2 * c + 8);
-  __syncwarp();
-
-  // ---- O^T += V^T·P^T (the int4 mask as a constant: v_operand_fast = v_operand)
-  pv_mma<FMT, D, T>(r, acc, sfv01, sfv23, pb0, pb1, 0x000F000Fu);
 }
 
 // ---- shared by both decode kernels: the query prologue and the per-column output
@@ -757,25 +655,31 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 }
 
 // ====================================================================================
-// paged_attention_decode_paged<FMT, D, T>: page-staged decode (plan variant "paged").
+// paged_attention_decode_paged<FMT, D, T>: page-staged decode (plan variant "paged", sm_90).
 // One CTA = (work item, *all* column groups): warp w takes column group w — KV head
 // w / nhg, query heads (w % nhg)·hpc … — so blockDim = ny·32 with ny = num_kv_heads·nhg ≤ 8.
 // The CTA walks its KV range in stages of TT tokens (one or two 16-token chunks). A chunk of
 // one side is 16 consecutive slots of one page for every KV head: 16·H·ROW contiguous bytes,
 // 16-byte aligned (SPEC 2 NHD layout; nvfp4: a data part 16·H·D/2 and a scale part 16·H·D/16).
-// All threads copy the stage's K and V chunks with 16-byte cp.async (fully coalesced, whole
-// DRAM sectors, no per-row gather), double-buffered: stage s+1 is in flight while stage s is
-// decoded. Then each warp fills the same per-thread raw words as the per-head kernel
-// (DecodeRaw) from shared memory, where the 4-byte row alignment costs nothing, and runs
-// decode_tile_math. Splits are merged by paged_attention_reduce (partials at slot
-// (part·ny + w)·NCOL + n, as the per-head kernel with blockIdx.y = w).
+// One thread copies each stage with Hopper bulk copies (TMA, bulk_copy.cuh: one instruction
+// per chunk and side, whole DRAM sectors, no per-row gather) into a ring of `nbuf` stage
+// buffers, `nbuf - 1` stages ahead of the one being decoded; full/empty mbarriers order the
+// ring (no __syncthreads in the loop). Each warp reads its KV head's rows of a chunk from
+// shared memory into the registers of the per-head kernel (HeadRaw; the 4-byte row alignment
+// costs nothing there) and runs the same head_tile_math, full tiles without masks.
+// Splits are merged by paged_attention_reduce (partials at slot (part·ny + w)·NCOL + n, as
+// the per-head kernel with blockIdx.y = w). Below sm_90 the kernel is empty: the plan never
+// picks this variant there.
 //
-// Dynamic shared memory (bytes, H = num_kv_heads): stages NST·2·TT·H·ROW; aliased by the q
-// staging (prologue, ny·NCOL·D·2) and the output rows (epilogue, ny·NCOL·D·4). The plan
-// computes the same size (kvlab/cuda/attention.py, paged_smem_bytes).
+// Dynamic shared memory (bytes, H = num_kv_heads): nbuf stages of 2·TT·H·ROW, aliased by the
+// q staging (prologue, ny·NCOL·D·2) and the output rows (epilogue, ny·NCOL·D·4). The plan
+// computes the same size and picks nbuf (kvlab/cuda/attention.py, paged_smem_bytes).
 // ====================================================================================
+#include "bulk_copy.cuh"
+
 namespace {
-constexpr int PG_MAXW = 8;   // column groups (warps) per CTA at most
+constexpr int PG_MAXW = 8;    // column groups (warps) per CTA at most
+constexpr int PG_MAXBUF = 4;  // stage buffers at most
 }
 
 template <int FMT, int D>
@@ -783,7 +687,6 @@ struct PagedTile {
   static constexpr int ROW = Traits<FMT, D, __half>::ROW;   // bytes per (token, head) row
   static constexpr int TT = ROW <= 80 ? 32 : 16;            // tokens per stage
   static constexpr int CPT = TT / 16;                       // 16-token chunks per stage
-  static constexpr int NST = 2;                             // stages (double buffer)
 };
 
 template <int FMT, int D, typename T>
@@ -794,11 +697,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                              const int* __restrict__ query_start_loc, const int* __restrict__ items,
                              int num_kv_heads, int num_q_heads, int hpc, int tpc, int bs_log2,
                              float scale_log2, float k_scale, float v_scale, int window,
-                             int swizzle_v, float* __restrict__ ws_o, float* __restrict__ ws_ml) {
+                             int swizzle_v, float* __restrict__ ws_o, float* __restrict__ ws_ml,
+                             int nbuf) {
+#ifdef KVLAB_HAS_BULK_COPY
   using TR = Traits<FMT, D, T>;
-  using CTQ = typename TR::CT_QK;
   using PT = PagedTile<FMT, D>;
-  using Raw = DecodeRaw<FMT, D>;
+  using Raw = HeadRaw<FMT, D>;
+  using Off = HeadOffsets<FMT, D>;
   static_assert(D == 64 || D == 128 || D == 256, "head sizes 64, 128, 256");
   constexpr int E = D / 32;
   constexpr int KC = D / 16;
@@ -812,7 +717,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   __shared__ float qsum_sm[PG_MAXW][NCOL], qoff_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
   __shared__ float mo_sm[PG_MAXW][NCOL], lo_sm[PG_MAXW][NCOL];
   __shared__ int qpos_sm[PG_MAXW][NCOL];
-  __shared__ __align__(16) uint16_t p_sm[PG_MAXW][NCOL * 16];
+  __shared__ __align__(8) uint64_t full_bar[PG_MAXBUF], empty_bar[PG_MAXBUF];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nthr = blockDim.x, ny = nthr >> 5;
@@ -829,156 +734,194 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int L = seq_lens[seq];
   const int BS = 1 << bs_log2;
 
+  if (tid == 0) {
+    for (int b = 0; b < nbuf; ++b) {
+      mbar_init(&full_bar[b], 1);
+      mbar_init(&empty_bar[b], nthr);
+    }
+    mbar_init_fence();
+  }
+
   // ---- prologue: this warp's 8 query columns (as paged_attention_decode), staged in the
-  // dynamic buffer before any cp.async is issued
+  // dynamic buffer before any copy is issued
   uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
   for (int n = 0; n < NCOL; ++n)
     stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
                                   scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
                                   &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
   __syncwarp();
-  uint32_t qf[KC][2];   // B fragment (column g): the registers of the per-head kernel's qa
+  // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
+  // packs it (written out in both kernels: see the note there)
+  uint32_t qa[KC][2];
 #pragma unroll
   for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
     for (int p = 0; p < 2; ++p)
-      qf[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+      qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
                         q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
-  const float qsum0 = qsum_sm[warp][2 * c], qsum1 = qsum_sm[warp][2 * c + 1];
-  const float cs0 = cscale_sm[warp][2 * c], cs1 = cscale_sm[warp][2 * c + 1];
-  const int qpos0 = qpos_sm[warp][2 * c], qpos1 = qpos_sm[warp][2 * c + 1];
+  const float qsum = qsum_sm[warp][g], qoff = qoff_sm[warp][g], cs = cscale_sm[warp][g];
+  const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
+  const int qpos = qpos_sm[warp][g];
 
-  // KV range: the same for every warp (all column groups hold the same query tokens)
+  // KV range: the same for every warp (all column groups hold the same query tokens), so
+  // every thread walks the same stages (the mbarrier counts rely on it)
   int pmin, pmax, lo16;
   const int nch = kv_tiles(qpos_sm[warp], kv_lo, kv_hi, window, pmin, pmax, lo16);   // 16-token chunks
   const int nst = (nch + CPT - 1) / CPT;                    // stages
+  // Chunks [tf0, tf1) need no bounds or mask test (as in the per-head kernel)
+  const int tend = (pmin < L ? pmin + 1 : L) - lo16;
+  int tf1 = tend > 0 ? min(tend >> 4, nch) : 0;
+  int tf0 = 0;
+  if (window > 0) {
+    const int wlo = pmax - window - lo16;
+    tf0 = wlo >= 0 ? min(wlo / 16 + 1, nch) : 0;
+  }
+  tf1 = max(tf1, tf0);
 
   float acc[KC][4];
 #pragma unroll
   for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f, z0 = 0.f, z1 = 0.f;
+  float m = NEG_BIG, l = 0.f, z = 0.f;
 
   const size_t side_stride = static_cast<size_t>(BS) * H * ROW;          // one (block, side) slab
   const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
   const int side_sm = TT * H * ROW;                                      // one side of a stage
   const int stage_sm = 2 * side_sm;
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
-  __syncthreads();  // q staging read by every warp before the stages overwrite it
+  // The q staging was read (qa) by every warp and the barriers are initialized; the stages
+  // overwrite the q staging through the async proxy.
+  fence_proxy_async_smem();
+  __syncthreads();
 
-  // Copy the chunks of stage st into buffer st & 1 (all threads, 16-byte cp.async).
-  auto issue = [&](int st) {
-    uint8_t* sbuf = dsm + (st & 1) * stage_sm;
+  // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b.
+  auto issue = [&](int st, int b) {   // b = st % nbuf
+    uint8_t* sbuf = dsm + b * stage_sm;
+    const int nc = min(CPT, nch - st * CPT);
+    constexpr uint32_t CH_BYTES = 16u * ((FMT == NVFP4) ? (D / 2 + S) : ROW);   // per head, side
+    mbar_arrive_expect_tx(&full_bar[b], 2u * nc * CH_BYTES * H);
+    for (int j = 0; j < nc; ++j) {
+      const int p0 = lo16 + 16 * (st * CPT + j);
+      const int blk = bt[p0 >> bs_log2];
+      const int o = p0 & (BS - 1);
+      const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
 #pragma unroll
-    for (int j = 0; j < CPT; ++j) {
-      const int ch = st * CPT + j;
-      if (ch < nch) {
-        const int p0 = lo16 + 16 * ch;
-        const int blk = bt[p0 >> bs_log2];
-        const int o = p0 & (BS - 1);
-        const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
-#pragma unroll
-        for (int side = 0; side < 2; ++side) {
-          const uint8_t* src = slab + side * side_stride;
-          uint8_t* dst = sbuf + side * side_sm;
-          {
-            const int units = H * DROW;   // 16·H·DROW bytes in 16-byte units
-            const uint8_t* s0 = src + static_cast<size_t>(o) * H * DROW;
-            uint8_t* d0 = dst + j * 16 * H * DROW;
-            for (int u = tid; u < units; u += nthr) cp_async16(d0 + 16 * u, s0 + 16 * u);
-          }
-          if constexpr (FMT == NVFP4) {
-            const int units = H * S;      // 16·H·S bytes
-            const uint8_t* s1 = src + sbase + static_cast<size_t>(o) * H * S;
-            uint8_t* d1 = dst + TT * H * (D / 2) + j * 16 * H * S;
-            for (int u = tid; u < units; u += nthr) cp_async16(d1 + 16 * u, s1 + 16 * u);
-          }
-        }
+      for (int side = 0; side < 2; ++side) {
+        const uint8_t* src = slab + side * side_stride;
+        uint8_t* dst = sbuf + side * side_sm;
+        bulk_copy_g2s(dst + j * 16 * H * DROW, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
+                      &full_bar[b]);
+        if constexpr (FMT == NVFP4)
+          bulk_copy_g2s(dst + TT * H * (D / 2) + j * 16 * H * S, src + sbase + static_cast<size_t>(o) * H * S,
+                        16u * H * S, &full_bar[b]);
       }
     }
   };
 
-  // This thread's raw words of chunk j of a staged buffer (cf. tile_load of the per-head kernel).
-  const int tg = g, tg8 = g + 8;
-  const int t0 = 2 * c, t1 = 2 * c + 1, t2 = 2 * c + 8, t3 = 2 * c + 9;
-  auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0) {
-    const uint8_t* ks = sbuf;
-    const uint8_t* vs = sbuf + side_sm;
-    auto row = [&](const uint8_t* side, int rr) {
-      return side + (static_cast<int>(16 * j + rr) * H + kvh) * DROW;
-    };
-    const bool in_g = p0 + tg < L, in_g8 = p0 + tg8 < L;
-    smem_words<TR::KB, TR::ALIGN>(row(ks, tg) + c * TR::KB, r.ka, in_g);
-    smem_words<TR::KB, TR::ALIGN>(row(ks, tg8) + c * TR::KB, r.kb, in_g8);
-    smem_words<TR::VB, TR::ALIGN>(row(vs, t0) + g * TR::VB, r.v0, p0 + t0 < L);
-    smem_words<TR::VB, TR::ALIGN>(row(vs, t1) + g * TR::VB, r.v1, p0 + t1 < L);
-    smem_words<TR::VB, TR::ALIGN>(row(vs, t2) + g * TR::VB, r.v2, p0 + t2 < L);
-    smem_words<TR::VB, TR::ALIGN>(row(vs, t3) + g * TR::VB, r.v3, p0 + t3 < L);
+  // This thread's byte offsets within chunk 0 of a staged buffer (chunk j adds j·16·H·DROW,
+  // nvfp4's scales j·16·H·S), as HeadOffsets of the per-head kernel: K rows of tokens g, g+8,
+  // V rows of tokens 2c, 2c+1, 2c+8, 2c+9, the parameter word of token lane & 15 on side
+  // lane >> 4, nvfp4 scale bytes.
+  const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  const int HR = H * DROW;
+  const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
+  Off of;
+  of.kg = (g * H + kvh) * DROW + c * TR::KB;
+  of.kg8 = of.kg + 8 * HR;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) of.v[i] = side_sm + (t4[i] * H + kvh) * DROW + g * TR::VB;
+  {
+    constexpr int OFF = (FMT == INT4) ? D / 2 : D;   // parameter word after the codes (DROW == ROW)
+    of.par = (lane >> 4) * side_sm + ((lane & 15) * H + kvh) * ROW + OFF;
+  }
+  if constexpr (FMT == NVFP4) {
+    of.skg = sc0 + (g * H + kvh) * S;
+    of.skg8 = sc0 + ((g + 8) * H + kvh) * S;
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) {
+      const int grp = (g * (D / 8)) / 16 + i;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        int tt, gg;   // chunks start at a multiple of 16: the swizzle is local
+        v_scale_pos<S>(t4[k], grp, swizzle_v, tt, gg);
+        of.sv[k][i] = side_sm + sc0 + (tt * H + kvh) * S + gg;
+      }
+    }
+  }
+  // This thread's raw words of chunk j of a staged buffer; MK: zeros past L.
+  auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0, auto masked_tag) {
+    constexpr bool MK = decltype(masked_tag)::value;
+    const uint8_t* base = sbuf + j * 16 * HR;
+    const bool in_g = !MK || p0 + g < L, in_g8 = !MK || p0 + g + 8 < L;
+    smem_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
+    smem_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
+    smem_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+    smem_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+    smem_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+    smem_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
-      const uint32_t a = *reinterpret_cast<const uint32_t*>(row(ks, tg) + OFF);
-      const uint32_t b = *reinterpret_cast<const uint32_t*>(row(ks, tg8) + OFF);
-      const uint32_t e = *reinterpret_cast<const uint32_t*>(row(vs, tg) + OFF);
-      const uint32_t f = *reinterpret_cast<const uint32_t*>(row(vs, tg8) + OFF);
-      r.pkg = in_g ? a : 0u; r.pkg8 = in_g8 ? b : 0u;
-      r.pvg = in_g ? e : 0u; r.pvg8 = in_g8 ? f : 0u;
-    } else if constexpr (FMT == NVFP4) {
-      const uint8_t* ksc = ks + TT * H * (D / 2);
-      const uint8_t* vsc = vs + TT * H * (D / 2);
-      smem_words<S, 4>(ksc + ((16 * j + tg) * H + kvh) * S, r.skg, in_g);
-      smem_words<S, 4>(ksc + ((16 * j + tg8) * H + kvh) * S, r.skg8, in_g8);
+      const uint32_t w = *reinterpret_cast<const uint32_t*>(base + of.par);
+      r.par = (!MK || p0 + (lane & 15) < L) ? w : 0u;
+    } else {
+      r.par = 0u;
+    }
+    if constexpr (FMT == NVFP4) {
+      const uint8_t* sb = sbuf + j * 16 * H * S;
+      smem_words<S, 4>(sb + of.skg, r.skg, in_g);
+      smem_words<S, 4>(sb + of.skg8, r.skg8, in_g8);
 #pragma unroll
-      for (int i = 0; i < NGV; ++i) {
-        const int grp = (g * (D / 8)) / 16 + i;
+      for (int i = 0; i < NGV; ++i)
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int rr = (k == 0) ? t0 : (k == 1) ? t1 : (k == 2) ? t2 : t3;
-          int tt, gg;   // token within the chunk: chunks start at a multiple of 16
-          v_scale_pos<S>(rr, grp, swizzle_v, tt, gg);
-          const uint32_t v = vsc[((16 * j + tt) * H + kvh) * S + gg];
-          r.sv[k][i] = (p0 + rr < L) ? v : 0u;
-        }
-      }
+        for (int k = 0; k < 4; ++k)
+          r.sv[k][i] = (!MK || p0 + t4[k] < L) ? static_cast<uint32_t>(sb[of.sv[k][i]]) : 0u;
     }
   };
+  // int4 nibble masks (k_operand_fast / v_operand_fast)
+  const uint32_t mlo = 0x000F000Fu, mhi = 0x00F000F0u;
 
-  // ---- main loop: stage st+1 in flight while stage st is decoded
-  if (nst > 0) issue(0);
-  cp_async_commit();
+  // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
+  if (tid == 0)
+    for (int st = 0; st < min(nbuf, nst); ++st) issue(st, st);
+  int b = 0;          // st % nbuf
+  uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
   for (int st = 0; st < nst; ++st) {
-    if (st + 1 < nst) issue(st + 1);
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const uint8_t* sbuf = dsm + (st & 1) * stage_sm;
+    mbar_wait(&full_bar[b], ph);
+    const uint8_t* sbuf = dsm + b * stage_sm;
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
       const int ch = st * CPT + j;
       if (ch < nch) {
         const int p0 = lo16 + 16 * ch;
         Raw r;
-        fill(r, sbuf, j, p0);
-        decode_tile_math<FMT, D, T>(r, p0, acc, m0, m1, l0, l1, z0, z1, qf, qsum0, qsum1, cs0,
-                                    cs1, qpos0, qpos1, L, window, k_scale, p_sm[warp], lane);
+        if (ch >= tf0 && ch < tf1) {
+          fill(r, sbuf, j, p0, MaskTag<false>{});
+          head_tile_math<FMT, D, T, false>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+                                           mlo, mhi, lane);
+        } else {
+          fill(r, sbuf, j, p0, MaskTag<true>{});
+          head_tile_math<FMT, D, T, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+                                          mlo, mhi, lane);
+        }
       }
     }
-    __syncthreads();  // buffer st & 1 is refilled by the issue of stage st + 2
+    mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
+    if (tid == 0 && st + nbuf < nst) {
+      mbar_wait(&empty_bar[b], ph);
+      issue(st + nbuf, b);
+    }
+    if (++b == nbuf) { b = 0; ph ^= 1u; }
   }
-  cp_async_wait<0>();
 
   // ---- epilogue: one warp per column group, no merge across warps
-#pragma unroll
-  for (int off = 4; off < 32; off <<= 1) {
-    l0 += __shfl_xor_sync(0xffffffffu, l0, off);
-    l1 += __shfl_xor_sync(0xffffffffu, l1, off);
-    z0 += __shfl_xor_sync(0xffffffffu, z0, off);
-    z1 += __shfl_xor_sync(0xffffffffu, z1, off);
-  }
-  __syncthreads();  // (nst == 0) every warp is past its q staging
+  l += __shfl_xor_sync(0xffffffffu, l, 1);
+  l += __shfl_xor_sync(0xffffffffu, l, 2);
+  z += __shfl_xor_sync(0xffffffffu, z, 1);
+  z += __shfl_xor_sync(0xffffffffu, z, 2);
+  __syncthreads();  // every warp is done with the stages (and, for nst == 0, its q staging)
   float* ow = reinterpret_cast<float*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
-  store_acc_columns<D>(ow, acc, z0, z1, g, c);
-  if (g == 0) {
-    mo_sm[warp][2 * c] = m0; mo_sm[warp][2 * c + 1] = m1;
-    lo_sm[warp][2 * c] = l0; lo_sm[warp][2 * c + 1] = l1;
+  {
+    const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
+    store_acc_columns<D>(ow, acc, z0, z1, g, c);
+    if (c == 0) { mo_sm[warp][g] = m; lo_sm[warp][g] = l; }
   }
   __syncwarp();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
@@ -991,4 +934,5 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
                              kvh * G + hg * hpc, ws_o, ws_ml, lane);
   }
+#endif
 }

@@ -72,6 +72,41 @@ __device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&w)[EP
   }
 }
 
+// Staged row stores (int8, fp8, int4 at 16-bit input). A lane group holds its row's code words
+// in an interleaved order (lane l: words l·KPC + c·CW + k), so a warp store instruction writes
+// 4-byte pieces of 8 rows — every 32-byte sector of a row is written by several partial-sector
+// stores. When the warp's rows are one contiguous run (all its (token, head) groups active and
+// consecutive heads of one token: the usual prefill write with H a multiple of 32/LANES), the
+// words go through shared memory instead and each store instruction writes 128 contiguous
+// bytes. Returns false (nothing stored) when the rows are not one run: the caller stores
+// directly. Warp-uniform; every lane of the warp must call it. ROWW: words per row (codes +
+// scale word); w[j], j = c·KPC + k, is word lig·LW + c·CW + k of the row; `tail` is the row's
+// last word (the scale), stored by lane 0 of the group. 256 threads per block (cache.py).
+template <int LANES, int ROWW, int NW, int KPC, int CW>
+__device__ __forceinline__ bool staged_row_store(uint8_t* row, bool active, int lig, int LW,
+                                                 const uint32_t (&w)[NW], uint32_t tail) {
+  constexpr int GPW = 32 / LANES;       // groups (rows) per warp
+  constexpr int WW = GPW * ROWW;        // words per warp
+  __shared__ uint32_t stage[8][WW];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gi = lane / LANES;
+  const uintptr_t r0 = __shfl_sync(0xffffffffu, reinterpret_cast<uintptr_t>(row), 0);
+  const bool run = active && reinterpret_cast<uintptr_t>(row) == r0 + static_cast<uintptr_t>(gi) * (ROWW * 4);
+  if (!__all_sync(0xffffffffu, run)) return false;
+  uint32_t* st = stage[warp];
+  __syncwarp();  // the previous call's reads of this warp's stage are done
+#pragma unroll
+  for (int j = 0; j < NW; ++j) st[gi * ROWW + lig * LW + (j / KPC) * CW + j % KPC] = w[j];
+  if (lig == 0) st[gi * ROWW + ROWW - 1] = tail;
+  __syncwarp();
+  uint32_t* dst = reinterpret_cast<uint32_t*>(r0);
+#pragma unroll
+  for (int i = 0; i < (WW + 31) / 32; ++i) {
+    const int k = i * 32 + lane;
+    if (WW % 32 == 0 || k < WW) dst[k] = st[k];
+  }
+  return true;
+}
+
 // Lane geometry of the row formats (auto, int8, fp8, nvfp4): NC 16-byte chunks of VEC elements per
 // lane. auto/int8/fp8: 4 chunks per lane (fewer lanes than 1 impossible, more chunks at d = 512
 // fp32 so that LANES <= 32) spread over the group — chunk c of lane l covers elements
@@ -256,11 +291,12 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
     const bool bad = !(amax <= 3.402823466e38f);  // NaN or Inf in the vector
     float scale = per_token_head_scale<FMT>(amax);
     const float inv = __frcp_rn(scale);
+    constexpr int KPC = VEC / 4;  // code words per 16-byte input chunk
+    uint32_t w[NC * KPC];
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
-      uint32_t w[VEC / 4];
 #pragma unroll
-      for (int k = 0; k < VEC / 4; ++k) {
+      for (int k = 0; k < KPC; ++k) {
         const int e = c * VEC + 4 * k;
         uint32_t code;
         if constexpr (FMT == FMT_INT8 && sizeof(T) == 2) {
@@ -270,16 +306,24 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
         } else {
           code = per_token_head_encode4<FMT>(x[e], x[e + 1], x[e + 2], x[e + 3], inv);
         }
-        w[k] = bad ? 0u : code;
-      }
-      if (active) {
-        uint32_t* dst = reinterpret_cast<uint32_t*>(row + c * G::CSTRIDE + lig * G::LSTRIDE);
-#pragma unroll
-        for (int k = 0; k < VEC / 4; ++k) dst[k] = w[k];
+        w[c * KPC + k] = bad ? 0u : code;
       }
     }
     if (bad) scale = __uint_as_float(INVALID_SCALE_BITS);
-    if (active && lig == 0) *reinterpret_cast<float*>(row + D) = scale;
+#ifdef KVLAB_WRITE_STAGED
+    if (staged_row_store<LANES, (D + 4) / 4, NC * KPC, KPC, G::CSTRIDE / 4>(row, active, lig, G::LSTRIDE / 4, w,
+                                                                            __float_as_uint(scale)))
+      return;
+#endif
+    if (active) {
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(row + c * G::CSTRIDE + lig * G::LSTRIDE);
+#pragma unroll
+        for (int k = 0; k < KPC; ++k) dst[k] = w[c * KPC + k];
+      }
+      if (lig == 0) *reinterpret_cast<float*>(row + D) = scale;
+    }
   } else {
     static_assert(FMT == FMT_NVFP4, "unknown format");
     constexpr int GPL = EPT / NVFP4_GROUP;  // scale groups per lane (contiguous)
@@ -542,16 +586,25 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
 #pragma unroll
     for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes<VEC, true>(x, c, p);
   }
+  if (bad) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c] = 0u;
+  }
+  const uint32_t tail = bad ? INVALID_SCALE_BITS : p.word;
+#ifdef KVLAB_WRITE_STAGED
+  if constexpr (VEC == 8) {
+    if (staged_row_store<LANES, D / 8 + 1, NC, 1, LANES>(row, active, lig, 1, w, tail)) return;
+  }
+#endif
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     uint8_t* dst = row + (c * VEC * LANES + lig * VEC) / 2;
     if (active) {
-      const uint32_t v = bad ? 0u : w[c];
-      if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = v;
-      else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(v);
+      if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = w[c];
+      else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[c]);
     }
   }
-  if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = bad ? INVALID_SCALE_BITS : p.word;
+  if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = tail;
 }
 
 // The 2·NC 16-byte loads of one (token, head): chunk c of K at k_row[first + c·CSTRIDE] (k_row:

@@ -8,10 +8,12 @@
 #   PYTEST_ARGS="tests/gpu/test_paged_attention_gpu.py" SKIP_BENCH=1 bash scripts/gpu_run.sh
 #   QUICK_SUITES="decode" ...   run those suites with --quick (the target shapes only)
 #   HOSTPROF=1 ...   also time the host side of one kvlab.paged_attention call (profile_host.py)
-#   VARIANTS="new=;old=-DFOO" ...   run every suite once per variant, KVLAB_NVRTC_OPTIONS set to
-#                    the options after '=' (A/B of compile-time switches in one process set;
-#                    results in bench_<suite>_<name>/)
-#   PROFILE_WRITE=1 ...   Nsight Compute over one write launch per format (profile_write.py)
+#   VARIANTS="base=;staged=KVLAB_NVRTC_OPTIONS=-DKVLAB_WRITE_STAGED" ...   run every suite once
+#                    per variant with the environment assignments after the first '=' (A/B of
+#                    compile-time switches or KVLAB_* settings; results in bench_<suite>_<name>/);
+#                    VARIANTS_<suite> sets them for one suite only
+#   PROFILE_WRITE=1 ...   Nsight Compute over one write launch per format (profile_write.py;
+#                    PROFILE_WRITE_FORMATS="fp8_per_token_head int8_per_token_head" to pick)
 #
 # Each step has its own time limit (T_TESTS, T_SANITIZE, T_BENCH seconds) so that one slow
 # step cannot eat the whole call; every suite writes its own folder, so partial results
@@ -50,14 +52,14 @@ grep -E "^(FAILED|ERROR)" "$OUT/pytest.log" | head -20
 echo "pytest done [$(( $(date +%s) - t0 )) s]"
 [ -n "${san_pid:-}" ] && wait "$san_pid"
 if [ -z "${SKIP_BENCH:-}" ]; then
-  IFS=';' read -r -a variants <<< "${VARIANTS:-=}"
   for s in ${SUITES:-write hadamard decode prefill}; do
+    vv="VARIANTS_$s"; IFS=';' read -r -a variants <<< "${!vv:-${VARIANTS:-=}}"
     for v in "${variants[@]}"; do
       vname=${v%%=*}; vopts=${v#*=}; dir="bench_$s${vname:+_$vname}"
       tb="T_BENCH_$s"; tb=${!tb:-${T_BENCH:-150}}
       qk=""; case " ${QUICK_SUITES:-} " in *" $s "*) qk="--quick";; esac
       # shellcheck disable=SC2086
-      KVLAB_NVRTC_OPTIONS="$vopts" timeout "$tb" python3 -m kvlab bench "$s" $qk --out "$OUT/$dir" \
+      env $vopts timeout "$tb" python3 -m kvlab bench "$s" $qk --out "$OUT/$dir" \
         > "$OUT/$dir.log" 2>&1 || { echo "bench $dir failed or timed out:"; tail -5 "$OUT/$dir.log"; }
       echo "bench $dir done [$(( $(date +%s) - t0 )) s]"
     done
@@ -66,7 +68,8 @@ fi
 if [ -n "${PROFILE_WRITE:-}" ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] && timeout "${T_PROFILE:-150}" "$NCU" --clock-control none --set full \
-    -k regex:reshape_and_cache -c 5 python3 scripts/profile_write.py > "$OUT/ncu_write.txt" 2>&1
+    -k regex:reshape_and_cache -c 5 python3 scripts/profile_write.py ${PROFILE_WRITE_FORMATS:-} \
+    > "$OUT/ncu_write.txt" 2>&1
   echo "write profile done [$(( $(date +%s) - t0 )) s]"
   grep -E "reshape_and_cache|^ +(Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|Executed Ipc A)" "$OUT/ncu_write.txt" | head -60
 fi

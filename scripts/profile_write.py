@@ -19,7 +19,7 @@ t = torch.arange(T, device="cuda")
 slots = (perm[t // BS] * BS + t % BS).to(torch.int64)
 for fmt in fmts:
     cache = kvlab.allocate_cache(fmt, T // BS, BS, H, D, like=key)
-    launch_reshape_and_cache(key, value, cache, slots, fmt, 1.0, 1.0)
+    launch_reshape_and_cache(key, value, cache, slots, kvlab.get_format(fmt), 1.0, 1.0)
     torch.cuda.synchronize()
     del cache
 print("profiled", ", ".join(fmts))

@@ -18,11 +18,12 @@ plan/run:
   - ``"per_head"`` (default) — ``paged_attention_decode``: one CTA per (work item, column
     group), its warps gather their KV head's rows straight from global memory;
   - ``"paged"`` — ``paged_attention_decode_paged``: one CTA per work item covering every
-    column group (one warp each, at most ``PG_MAXW``), which copies whole 16-token page
-    chunks of K and V (all KV heads, contiguous) into shared memory with 16-byte
-    ``cp.async``, double-buffered, and decodes from there. It applies when
-    ``num_kv_heads · G / hpc ≤ 8`` and its shared memory fits the device; otherwise the
-    plan falls back to ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
+    column group (one warp each, at most ``PG_MAXW``); one thread copies whole 16-token page
+    chunks of K and V (all KV heads, contiguous) into a ring of ``nbuf`` shared-memory stages
+    with Hopper bulk copies (TMA, mbarrier-completed), the warps decode from there with the
+    per-head kernel's tile math. It applies on sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
+    at least two stages fit the device's shared memory; otherwise the plan falls back to
+    ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
 
   The environment variable ``KVLAB_DECODE_VARIANT`` overrides the default (an explicit
   ``decode_variant`` argument wins over it).
@@ -65,7 +66,7 @@ MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of
 DECODE_VARIANTS = ("per_head", "paged")
 DEFAULT_DECODE_VARIANT = "per_head"
 PG_MAXW = 8                 # column groups (warps) per CTA of the paged decode kernel
-PG_NST = 2                  # its stages (double buffer)
+PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_attention.cu)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
@@ -101,16 +102,42 @@ def paged_row_bytes(code: int, d: int) -> int:
     return {0: 2 * d, 1: d + 4, 2: d + 4, 3: d // 2 + 4, 4: d // 2 + d // 16}[code]
 
 
-def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int) -> int:
-    """Dynamic shared memory of ``paged_attention_decode_paged`` (``PagedTile`` in the .cu).
-
-    Stages: ``PG_NST · 2 sides · TT tokens · H · row bytes`` (TT = 32 for rows ≤ 80 bytes,
-    16 otherwise); the same buffer holds the q staging (``ny · 8 · d · 2``) before the loop
-    and the output rows (``ny · 8 · d · 4``) after it.
-    """
+def paged_stage_bytes(code: int, d: int, num_kv_heads: int) -> int:
+    """Bytes of one stage of ``paged_attention_decode_paged`` (``PagedTile`` in the .cu):
+    ``2 sides · TT tokens · H · row bytes``, TT = 32 for rows ≤ 80 bytes, 16 otherwise."""
     row = paged_row_bytes(code, d)
-    tt = 32 if row <= 80 else 16
-    return max(PG_NST * 2 * tt * num_kv_heads * row, ny * NCOL * d * 4)
+    return 2 * (32 if row <= 80 else 16) * num_kv_heads * row
+
+
+def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int, nbuf: int) -> int:
+    """Dynamic shared memory of ``paged_attention_decode_paged`` with ``nbuf`` stage buffers;
+    the same buffer holds the q staging (``ny · 8 · d · 2``) before the loop and the output
+    rows (``ny · 8 · d · 4``) after it."""
+    return max(nbuf * paged_stage_bytes(code, d, num_kv_heads), ny * NCOL * d * 4)
+
+
+def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> tuple[int, str]:
+    """Stage buffers for the paged decode kernel on this device (0 and the reason if it cannot run).
+
+    As many stages (≤ ``PG_MAXBUF``) as fit while two CTAs share an SM (one at d = 256, the
+    kernel's launch bound), else one CTA per SM; at least two (one stage decoded while the
+    next ones are copied)."""
+    import cupy
+
+    cc = int(cupy.cuda.Device(device_id).compute_capability)
+    if cc < 90:
+        return 0, f"paged decode needs sm_90 (bulk copies), the device is sm_{cc}"
+    if ny > PG_MAXW:
+        return 0, f"paged decode needs num_kv_heads * G / hpc <= {PG_MAXW} column groups, got {ny}"
+    _, smem_sm = _device_props(device_id)
+    stage = paged_stage_bytes(code, d, num_kv_heads)
+    for ctas in ((2, 1) if d <= 128 else (1,)):
+        per_cta = min(smem_sm // ctas, _smem_optin(device_id)) - 4 * 1024  # static + reserved
+        nbuf = min(PG_MAXBUF, per_cta // stage)
+        if nbuf >= 2 and paged_smem_bytes(code, d, num_kv_heads, ny, nbuf) <= per_cta:
+            return nbuf, ""
+    return 0, (f"paged decode needs two stages of {stage} B of shared memory per CTA, "
+               f"the device allows {per_cta}")
 
 
 def _prefill_spec(code, d, t):
@@ -217,6 +244,7 @@ class AttentionPlan:
     decode_variant: str = DEFAULT_DECODE_VARIANT   # the decode kernel this plan launches
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
+    paged_nbuf: int = 0                            # its stage buffers
 
     def check_run_args(self, q, kv_cache, out=None):
         """Cheap checks that ``q``/``kv_cache``/``out`` fit this plan (a plan is built for one
@@ -275,9 +303,10 @@ class AttentionPlan:
                 k = get_kernel(spec, self.device_id)
                 _raise_dynamic_smem(k, spec, self.device_id, self.paged_smem)
                 grid, block, smem = (self.n_items, 1), (self.ny * 32,), self.paged_smem
+                extra = (L.i32(self.paged_nbuf),)
             else:
                 k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
-                grid, block, smem = (self.n_items, self.ny), (NW * 32,), 0
+                grid, block, smem, extra = (self.n_items, self.ny), (NW * 32,), 0, ()
             L.launch(k, grid, block, (
                 L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
                 L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.items),
@@ -285,7 +314,7 @@ class AttentionPlan:
                 L.i32(self.tpc), L.i32(int(math.log2(self.block_size))),
                 L.f32(self.scale_log2), L.f32(self.k_scale), L.f32(self.v_scale),
                 L.i32(self.window), L.i32(self.swizzle_v),
-                L.ptr(self.ws_o), L.ptr(self.ws_ml),
+                L.ptr(self.ws_o), L.ptr(self.ws_ml), *extra,
             ), shared_mem=smem)
             if self.n_red:
                 r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"]),
@@ -434,17 +463,13 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     window = int(meta["sliding_window"] or 0)
     import cupy
 
-    variant, note, paged_smem = "per_head", "", 0
+    variant, note, paged_smem, nbuf = "per_head", "", 0, 0
     if decode_variant == "paged":
-        paged_smem = paged_smem_bytes(code, d, Hkv, ny)
-        if ny > PG_MAXW:
-            note = (f"paged decode needs num_kv_heads * G / hpc <= {PG_MAXW} column groups, "
-                    f"got {ny}; using per_head")
-        elif paged_smem + 8 * 1024 > _smem_optin(dev):
-            note = (f"paged decode needs {paged_smem} B of shared memory, the device allows "
-                    f"{_smem_optin(dev)}; using per_head")
+        nbuf, note = _paged_buffers(code, d, Hkv, ny, dev)
+        if nbuf:
+            variant, paged_smem = "paged", paged_smem_bytes(code, d, Hkv, ny, nbuf)
         else:
-            variant = "paged"
+            note += "; using per_head"
     if variant == "paged":
         capacity = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, paged_smem)
         ny_split, min_split = 1, PG_MIN_SPLIT_TOKENS
@@ -484,7 +509,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         swizzle_v=int(bool(getattr(fmt, "swizzle_v_scales", False))),
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
-        decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem,
+        decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
     )
 
 
