@@ -83,8 +83,7 @@ __device__ __forceinline__ uint32_t e4m3_encode(float x) {
 // the same rounding and saturation as the software codec (tests/gpu compare both with the
 // reference); on sm_80 the software codec.
 __device__ __forceinline__ uint32_t e4m3x2_encode(float lo, float hi) {
-// EXPERIMENT: -DKVLAB_FP8_SOFTWARE_ENCODE forces the software codec on sm_89+ too.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890 && !defined(KVLAB_FP8_SOFTWARE_ENCODE)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
   unsigned short r;
   asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(hi), "f"(lo));
   return static_cast<uint32_t>(r);

@@ -231,35 +231,27 @@ struct HeadOffsets {
   uint32_t kg, kg8, v[4], par, skg, skg8, sv[4][NGV];   // unsigned: zero-extended adds
 };
 
-// One warp, one 16-token tile at KV positions p0 .. p0+15, its 8 query columns.
+// The phases of one warp's 16-token tile at KV positions p0 .. p0+15, its 8 query columns.
 //   S = Q·K^T as m16 (columns g; rows 8..15 zero) x n8 (tokens) x k = D, two n-tiles: the
 //   accumulators hold (column g, tokens 2c, 2c+1 | 2c+8, 2c+9), which is exactly the B
 //   fragment of O^T += V^T·P^T: P stays in registers, and the softmax of a column is reduced
 //   over the 4 lanes of a quad only (2 shuffles). The accumulator rescale is skipped unless
 //   some column's running max grew (warp vote; exact: the factor would be 1).
-// MASKED: the tile may hold positions past L, after a query position or outside the window
-// (the other tiles skip every bounds and mask test).
-template <int FMT, int D, typename T, bool MASKED>
-__device__ __forceinline__ void head_tile_math(
-    const HeadRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m, float& l, float& z,
-    const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc, int qpos,
-    int L, int window, uint32_t mlo, uint32_t mhi, int lane) {
-  using TR = Traits<FMT, D, T>;
-  using CTQ = typename TR::CT_QK;
-  using CTV = typename TR::CT_PV;
+// head_tile_math runs them for one tile; head_tile_pair (paged kernel) for two tiles with one
+// softmax update, so that the two tiles' independent mma chains overlap.
+
+// S = Q·K^T of one tile: s[i] = raw dot product of column g with token tt[i] = 2c, 2c+1,
+// 2c+8, 2c+9. A = the quad {q(kk), q(kk+1)} of two k-chunks: rows g hold chunk kk, rows g+8
+// chunk kk+1 (no zero registers). Chunk kk's product lands in rows g of the "even"
+// accumulators, chunk kk+1's in rows g+8 of the "odd" ones; the rest is discarded.
+// sl*: tokens 0..7 (n = token g of this thread's K row ka), sh*: tokens 8..15 (kb).
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void qk_scores(const TileRaw<FMT, D>& r, const uint32_t (&qa)[D / 16][2],
+                                          const uint32_t (&sfk_g)[TileRaw<FMT, D>::NGK],
+                                          const uint32_t (&sfk_g8)[TileRaw<FMT, D>::NGK], uint32_t mlo,
+                                          uint32_t mhi, float (&s)[4]) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
   constexpr int KC = D / 16;
-  constexpr int NGK = TileRaw<FMT, D>::NGK;
-  constexpr int NGV = TileRaw<FMT, D>::NGV;
-  const int g = lane >> 2, c = lane & 3;
-
-  // nvfp4 group scales (fp16x2 of sf·2^7)
-  uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
-  tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
-
-  // ---- S = Q·K^T. A = the quad {q(kk), q(kk+1)} of two k-chunks: rows g hold chunk kk, rows
-  // g+8 chunk kk+1 (no zero registers). Chunk kk's product lands in rows g of the "even"
-  // accumulators, chunk kk+1's in rows g+8 of the "odd" ones; the rest is discarded.
-  // sl*: tokens 0..7 (n = token g of this thread's K row ka), sh*: tokens 8..15 (kb).
   float sle[4] = {0.f, 0.f, 0.f, 0.f}, slo[4] = {0.f, 0.f, 0.f, 0.f};
   float she[4] = {0.f, 0.f, 0.f, 0.f}, sho[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -275,19 +267,25 @@ __device__ __forceinline__ void head_tile_math(
     Mma<CTQ>::run(sho, a0, a1, a2, a3, k_operand_fast<FMT, D>(r.kb, kk + 1, 0, sfk_g8[gi1], mlo, mhi),
                   k_operand_fast<FMT, D>(r.kb, kk + 1, 1, sfk_g8[gi1], mlo, mhi));
   }
-  // tokens t0..t3 = 2c, 2c+1, 2c+8, 2c+9
-  const float s[4] = {sle[0] + slo[2], sle[1] + slo[3], she[0] + sho[2], she[1] + sho[3]};
-  const int tt[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  s[0] = sle[0] + slo[2]; s[1] = sle[1] + slo[3]; s[2] = she[0] + sho[2]; s[3] = she[1] + sho[3];
+}
 
-  // ---- per-token parameters of t0..t3 (lanes t_i and 16 + t_i hold them) and the scores
-  float x[4], vsc[4], vzp[4];
+// Scores of tokens tt[i] (log2 domain, scaled; -inf where masked) and their V scale / zero
+// point, from the per-token parameter words (lanes tt[i] and 16 + tt[i] hold them).
+// MASKED: the tile may hold positions past L, after a query position or outside the window
+// (the other tiles skip every bounds and mask test).
+template <int FMT, bool MASKED>
+__device__ __forceinline__ void token_scores(const float (&s)[4], uint32_t par, int p0, float qsum, float qoff,
+                                             float cs, float kc, int qpos, int L, int window, int c,
+                                             float (&x)[4], float (&vsc)[4], float (&vzp)[4]) {
+  const int tt[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float ksc = 1.f, koff = 0.f;
     vsc[i] = 1.f; vzp[i] = 0.f;
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-      const uint32_t wk = __shfl_sync(0xffffffffu, r.par, tt[i]);
-      const uint32_t wv = __shfl_sync(0xffffffffu, r.par, 16 + tt[i]);
+      const uint32_t wk = __shfl_sync(0xffffffffu, par, tt[i]);
+      const uint32_t wv = __shfl_sync(0xffffffffu, par, 16 + tt[i]);
       if constexpr (FMT == INT4) {
         ksc = __uint_as_float(wk & ~0xFu);
         koff = static_cast<float>(wk & 0xFu);
@@ -310,9 +308,17 @@ __device__ __forceinline__ void head_tile_math(
     }
     x[i] = v;
   }
+}
 
-  // ---- online softmax of column g over the quad's 16 tokens
+// Online softmax of column g over N scores of this thread (the quad holds the tile's tokens):
+// new running max m (rescaling l, z and the accumulators when it grew), e[i] = 2^(x[i] - m),
+// l += Σ e.
+template <int N, int D>
+__device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, float& l, float& z,
+                                               float (&acc)[D / 16][4], int c, float (&e)[N]) {
+  static_assert(N == 4 || N == 8, "one or two tiles");
   float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  if constexpr (N == 8) mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   if (__any_sync(0xffffffffu, mx > m)) {
@@ -325,26 +331,85 @@ __device__ __forceinline__ void head_tile_math(
     const float a0 = __shfl_sync(0xffffffffu, al, 8 * c);
     const float a1 = __shfl_sync(0xffffffffu, al, 8 * c + 4);
 #pragma unroll
-    for (int j = 0; j < KC; ++j) {
+    for (int j = 0; j < D / 16; ++j) {
       acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
     }
   }
-  float e[4];
 #pragma unroll
-  for (int i = 0; i < 4; ++i) e[i] = ex2_approx(x[i] - m);
-  l += (e[0] + e[1]) + (e[2] + e[3]);
-  // P' = P · (V scale of the token), rounded to the P·V operand type: the B fragment
-  const uint32_t pb0 = pack_f2<CTV>(e[0] * vsc[0], e[1] * vsc[1]);
-  const uint32_t pb1 = pack_f2<CTV>(e[2] * vsc[2], e[3] * vsc[3]);
-  if constexpr (FMT == INT4) {  // Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees
+  for (int i = 0; i < N; ++i) e[i] = ex2_approx(x[i] - m);
+#pragma unroll
+  for (int i = 0; i < N; i += 4) l += (e[i] + e[i + 1]) + (e[i + 2] + e[i + 3]);
+}
+
+// P' = P · (V scale of the token), rounded to the P·V operand type: the B fragment (pb0: tokens
+// 2c, 2c+1, pb1: 2c+8, 2c+9); int4: z += Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees.
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void pack_p(const float (&e)[4], const float (&vsc)[4], const float (&vzp)[4], float& z,
+                                       uint32_t& pb0, uint32_t& pb1) {
+  using CTV = typename Traits<FMT, D, T>::CT_PV;
+  pb0 = pack_f2<CTV>(e[0] * vsc[0], e[1] * vsc[1]);
+  pb1 = pack_f2<CTV>(e[2] * vsc[2], e[3] * vsc[3]);
+  if constexpr (FMT == INT4) {
     z = fmaf(__uint_as_float(pb0 << 16), vzp[0], z);
     z = fmaf(__uint_as_float(pb0 & 0xFFFF0000u), vzp[1], z);
     z = fmaf(__uint_as_float(pb1 << 16), vzp[2], z);
     z = fmaf(__uint_as_float(pb1 & 0xFFFF0000u), vzp[3], z);
   }
+}
 
-  // ---- O^T += V^T·P^T
+// One tile: S, scores, softmax update, O^T += V^T·P^T (paged_attention_decode, and the paged
+// kernel's odd last tile).
+template <int FMT, int D, typename T, bool MASKED>
+__device__ __forceinline__ void head_tile_math(
+    const HeadRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m, float& l, float& z,
+    const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc, int qpos,
+    int L, int window, uint32_t mlo, uint32_t mhi, int lane) {
+  constexpr int NGK = TileRaw<FMT, D>::NGK;
+  constexpr int NGV = TileRaw<FMT, D>::NGV;
+  const int c = lane & 3;
+  // nvfp4 group scales (fp16x2 of sf·2^7)
+  uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
+  tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
+  float s[4], x[4], vsc[4], vzp[4], e[4];
+  qk_scores<FMT, D, T>(r, qa, sfk_g, sfk_g8, mlo, mhi, s);
+  token_scores<FMT, MASKED>(s, r.par, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
+  online_softmax<4, D>(x, m, l, z, acc, c, e);
+  uint32_t pb0, pb1;
+  pack_p<FMT, D, T>(e, vsc, vzp, z, pb0, pb1);
   pv_mma<FMT, D, T>(r, acc, sfv01, sfv23, pb0, pb1, mlo);
+}
+
+// Two tiles at p0 and p0 + 16 (ra, rb) with one softmax update over their 32 tokens: the
+// S = Q·K^T chains of both tiles are independent (the scheduler overlaps them), and the max
+// reduction, rescale vote and exp2 run once per 32 tokens. Same results as two head_tile_math
+// calls up to float32 rounding (the running max is taken over both tiles at once).
+template <int FMT, int D, typename T, bool MASKED>
+__device__ __forceinline__ void head_tile_pair(
+    const HeadRaw<FMT, D>& ra, const HeadRaw<FMT, D>& rb, int p0, float (&acc)[D / 16][4], float& m,
+    float& l, float& z, const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc,
+    int qpos, int L, int window, uint32_t mlo, uint32_t mhi, int lane) {
+  constexpr int NGK = TileRaw<FMT, D>::NGK;
+  constexpr int NGV = TileRaw<FMT, D>::NGV;
+  const int c = lane & 3;
+  uint32_t sfk_a[NGK], sfk_a8[NGK], sfv01_a[NGV], sfv23_a[NGV];
+  uint32_t sfk_b[NGK], sfk_b8[NGK], sfv01_b[NGV], sfv23_b[NGV];
+  tile_scales<FMT, D>(ra, c, sfk_a, sfk_a8, sfv01_a, sfv23_a);
+  tile_scales<FMT, D>(rb, c, sfk_b, sfk_b8, sfv01_b, sfv23_b);
+  float sa[4], sb[4], x[8], vsc_a[4], vzp_a[4], vsc_b[4], vzp_b[4], e[8];
+  qk_scores<FMT, D, T>(ra, qa, sfk_a, sfk_a8, mlo, mhi, sa);
+  qk_scores<FMT, D, T>(rb, qa, sfk_b, sfk_b8, mlo, mhi, sb);
+  float xa[4], xb[4];
+  token_scores<FMT, MASKED>(sa, ra.par, p0, qsum, qoff, cs, kc, qpos, L, window, c, xa, vsc_a, vzp_a);
+  token_scores<FMT, MASKED>(sb, rb.par, p0 + 16, qsum, qoff, cs, kc, qpos, L, window, c, xb, vsc_b, vzp_b);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) { x[i] = xa[i]; x[4 + i] = xb[i]; }
+  online_softmax<8, D>(x, m, l, z, acc, c, e);
+  uint32_t pa0, pa1, pb0, pb1;
+  const float ea[4] = {e[0], e[1], e[2], e[3]}, eb[4] = {e[4], e[5], e[6], e[7]};
+  pack_p<FMT, D, T>(ea, vsc_a, vzp_a, z, pa0, pa1);
+  pack_p<FMT, D, T>(eb, vsc_b, vzp_b, z, pb0, pb1);
+  pv_mma<FMT, D, T>(ra, acc, sfv01_a, sfv23_a, pa0, pa1, mlo);
+  pv_mma<FMT, D, T>(rb, acc, sfv01_b, sfv23_b, pb0, pb1, mlo);
 }
 
 template <int FMT, int D, typename T>
@@ -886,6 +951,24 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   for (int st = 0; st < nst; ++st) {
     mbar_wait(&full_bar[b], ph);
     const uint8_t* sbuf = dsm + b * stage_sm;
+#ifdef KVLAB_PAGED_PAIR
+    // two chunks of one stage with one softmax update (head_tile_pair)
+    if (CPT == 2 && st * CPT + 1 < nch) {
+      const int ch = st * CPT, p0 = lo16 + 16 * ch;
+      Raw ra, rb;
+      if (ch >= tf0 && ch + 1 < tf1) {
+        fill(ra, sbuf, 0, p0, MaskTag<false>{});
+        fill(rb, sbuf, 1, p0 + 16, MaskTag<false>{});
+        head_tile_pair<FMT, D, T, false>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+                                         mlo, mhi, lane);
+      } else {
+        fill(ra, sbuf, 0, p0, MaskTag<true>{});
+        fill(rb, sbuf, 1, p0 + 16, MaskTag<true>{});
+        head_tile_pair<FMT, D, T, true>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+                                        mlo, mhi, lane);
+      }
+    } else
+#endif
 #pragma unroll
     for (int j = 0; j < CPT; ++j) {
       const int ch = st * CPT + j;

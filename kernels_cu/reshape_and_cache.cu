@@ -72,16 +72,19 @@ __device__ __forceinline__ void store_nibbles(uint8_t* p, const uint32_t (&w)[EP
   }
 }
 
-// Staged row stores (int8, fp8, int4 at 16-bit input). A lane group holds its row's code words
-// in an interleaved order (lane l: words l·KPC + c·CW + k), so a warp store instruction writes
-// 4-byte pieces of 8 rows — every 32-byte sector of a row is written by several partial-sector
-// stores. When the warp's rows are one contiguous run (all its (token, head) groups active and
-// consecutive heads of one token: the usual prefill write with H a multiple of 32/LANES), the
-// words go through shared memory instead and each store instruction writes 128 contiguous
-// bytes. Returns false (nothing stored) when the rows are not one run: the caller stores
-// directly. Warp-uniform; every lane of the warp must call it. ROWW: words per row (codes +
-// scale word); w[j], j = c·KPC + k, is word lig·LW + c·CW + k of the row; `tail` is the row's
-// last word (the scale), stored by lane 0 of the group. 256 threads per block (cache.py).
+// Staged row stores (fp8). A lane group holds its row's code words in an interleaved order
+// (lane l: words l·LW + c·CW + k), so a warp store instruction writes 4-byte pieces of 8 rows —
+// every 32-byte sector of a row is written by several partial-sector stores. When the warp's
+// rows are one contiguous run (all its (token, head) groups active and consecutive heads of
+// one token: the usual prefill write with H a multiple of 32/LANES), the words go through
+// shared memory instead and each store instruction writes 128 contiguous bytes. Returns false
+// (nothing stored) when the rows are not one run: the caller stores directly. Warp-uniform;
+// every lane of the warp must call it. ROWW: words per row (codes + scale word); w[j], j =
+// c·KPC + k, is word lig·LW + c·CW + k of the row; `tail` is the row's last word (the scale),
+// stored by lane 0 of the group. 256 threads per block (cache.py).
+// Measured on the H200 (docs/perf-notes.md, write round 3): fp8 0.1315 -> 0.1090 ms (0.76 ->
+// 0.92 of copy); int8 and int4 were slower with it (int8 0.1129 -> 0.1320: NVRTC 13.0 gives
+// the staged int8 kernel 96 registers, 2 blocks/SM instead of 3), so they store directly.
 template <int LANES, int ROWW, int NW, int KPC, int CW>
 __device__ __forceinline__ bool staged_row_store(uint8_t* row, bool active, int lig, int LW,
                                                  const uint32_t (&w)[NW], uint32_t tail) {
@@ -310,11 +313,13 @@ __device__ __forceinline__ void encode_store(const uint4 (&raw)[WriteGeometry<FM
       }
     }
     if (bad) scale = __uint_as_float(INVALID_SCALE_BITS);
-#ifdef KVLAB_WRITE_STAGED
-    if (staged_row_store<LANES, (D + 4) / 4, NC * KPC, KPC, G::CSTRIDE / 4>(row, active, lig, G::LSTRIDE / 4, w,
-                                                                            __float_as_uint(scale)))
-      return;
-#endif
+    // fp8: the warp's rows through shared memory when they are one run (staged_row_store);
+    // int8 stores directly (measured: docs/perf-notes.md, write round 3)
+    if constexpr (FMT == FMT_FP8) {
+      if (staged_row_store<LANES, (D + 4) / 4, NC * KPC, KPC, G::CSTRIDE / 4>(row, active, lig, G::LSTRIDE / 4, w,
+                                                                              __float_as_uint(scale)))
+        return;
+    }
     if (active) {
 #pragma unroll
       for (int c = 0; c < NC; ++c) {
@@ -591,11 +596,6 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
     for (int c = 0; c < NC; ++c) w[c] = 0u;
   }
   const uint32_t tail = bad ? INVALID_SCALE_BITS : p.word;
-#ifdef KVLAB_WRITE_STAGED
-  if constexpr (VEC == 8) {
-    if (staged_row_store<LANES, D / 8 + 1, NC, 1, LANES>(row, active, lig, 1, w, tail)) return;
-  }
-#endif
 #pragma unroll
   for (int c = 0; c < NC; ++c) {
     uint8_t* dst = row + (c * VEC * LANES + lig * VEC) / 2;
@@ -650,12 +650,6 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
 // int4 (16-bit input, d = 64..256): 3 resident blocks/SM (<= 85 registers) on sm_90; sm_80's
 // register allocation spills at that bound (d = 128), so 2 there.
-// EXPERIMENT (write round 3): -DKVLAB_WRITE_SLOT_GATED_LOADS restores the old slot-gated loads.
-#ifdef KVLAB_WRITE_SLOT_GATED_LOADS
-#define KVLAB_WRITE_LOAD_GATE active
-#else
-#define KVLAB_WRITE_LOAD_GATE (token < num_tokens)
-#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVLAB_INT4_WRITE_BLOCKS 3
 #else
@@ -679,7 +673,7 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
     const bool active = slot >= 0;
     uint4 rk[NC], rv[NC];
     load_kv_chunks<NC, VEC * LANES>(key + token * key_stride + h * D, value + token * value_stride + h * D,
-                                    lig * VEC, KVLAB_WRITE_LOAD_GATE, rk, rv);
+                                    lig * VEC, token < num_tokens, rk, rv);
     const long long blk = active ? slot / block_size : 0;
     const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
     constexpr long long ROW = row_bytes<FMT_INT4>(D);
@@ -704,7 +698,7 @@ __global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2
 
   uint4 rk[NC], rv[NC];
   load_kv_chunks<NC, G::CSTRIDE>(key + token * key_stride + h * D, value + token * value_stride + h * D,
-                                 lig * G::LSTRIDE, KVLAB_WRITE_LOAD_GATE, rk, rv);
+                                 lig * G::LSTRIDE, token < num_tokens, rk, rv);
   const long long blk = active ? slot / block_size : 0;
   const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
 

@@ -76,9 +76,12 @@ fi
 if [ -n "${PROFILE:-}" ]; then
   # one int4 decode launch (batch 32 x 8k, 32/8 heads, d=128) under Nsight Compute, as text
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -n "$NCU" ] && timeout "${T_PROFILE:-120}" "$NCU" --clock-control none --set full \
+  # PROFILE_ENV: environment assignments for the profiled run (e.g. KVLAB_DECODE_VARIANT=paged)
+  [ -n "$NCU" ] && env ${PROFILE_ENV:-} timeout "${T_PROFILE:-120}" "$NCU" --clock-control none --set full \
     -k regex:paged_attention_decode -c 2 python3 scripts/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
   echo "profile done [$(( $(date +%s) - t0 )) s]: $(grep -cE 'Duration|Memory Throughput' "$OUT/ncu_decode.txt" 2>/dev/null) metric lines"
+  grep -E "paged_attention_decode|^ +(Duration|DRAM Throughput|Registers Per|Achieved Active Warps|Issue Slots Busy|Warp Cycles Per Issued|Stall (Long|Short|Wait|Barrier|Math|MIO|Not Sel|LG))" \
+    "$OUT/ncu_decode.txt" | head -40
 fi
 if [ -n "${HOSTPROF:-}" ]; then
   # host time of one whole kvlab.paged_attention call vs plan / run (scripts/profile_host.py)

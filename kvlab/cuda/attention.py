@@ -13,9 +13,12 @@ plan/run:
   range of KV positions. Long ranges are split (flash-decoding) so that a batch
   of one long sequence still fills the GPU; the splits are merged by a second
   kernel.
-* Decode work items run on one of two kernels (``decode_variant``):
+* Decode work items run on one of two kernels (``decode_variant``; the default ``"auto"``
+  takes ``"paged"`` for int8/fp8 caches when decode sequences × KV heads ≥ the SM count and
+  for nvfp4 at twice that — where it measured faster on the H200 — and ``"per_head"``
+  otherwise):
 
-  - ``"per_head"`` (default) — ``paged_attention_decode``: one CTA per (work item, column
+  - ``"per_head"`` — ``paged_attention_decode``: one CTA per (work item, column
     group), its warps gather their KV head's rows straight from global memory;
   - ``"paged"`` — ``paged_attention_decode_paged``: one CTA per work item covering every
     column group (one warp each, at most ``PG_MAXW``); one thread copies whole 16-token page
@@ -63,8 +66,11 @@ NCOL = 8        # query columns per CTA
 ITEM = 5        # ints per work item
 MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of 16 tokens
 
-DECODE_VARIANTS = ("per_head", "paged")
-DEFAULT_DECODE_VARIANT = "per_head"
+DECODE_VARIANTS = ("auto", "per_head", "paged")
+DEFAULT_DECODE_VARIANT = "auto"
+#: "auto" picks the paged kernel for these formats when (decode sequences × KV heads) reaches
+#: this many SMs' worth of work (measured on the H200: docs/perf-notes.md, paged decode v2)
+AUTO_PAGED_MIN_SM_FRACTION = {"int8_per_token_head": 1.0, "fp8_per_token_head": 1.0, "nvfp4": 2.0}
 PG_MAXW = 8                 # column groups (warps) per CTA of the paged decode kernel
 PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_attention.cu)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
@@ -194,7 +200,8 @@ _DYN_SET: dict = {}
 def _raise_dynamic_smem(kernel, spec, device_id, nbytes: int):
     """Raise the kernel's dynamic shared-memory limit (needed above 48 KB), once per size."""
     key = (spec, device_id)
-    if nbytes > 48 * 1024 and _DYN_SET.get(key, 0) < nbytes:
+    # the default limit is 48 KB of static + dynamic shared memory
+    if nbytes + int(kernel.shared_size_bytes) > 48 * 1024 and _DYN_SET.get(key, 0) < nbytes:
         kernel.max_dynamic_shared_size_bytes = int(nbytes)
         _DYN_SET[key] = nbytes
 
@@ -241,7 +248,7 @@ class AttentionPlan:
     device_id: int
     pf_items: object = None   # device int32 (n_pf, 2): seq, tok0 (prefill kernel)
     n_pf: int = 0
-    decode_variant: str = DEFAULT_DECODE_VARIANT   # the decode kernel this plan launches
+    decode_variant: str = "per_head"               # the decode kernel this plan launches
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
     paged_nbuf: int = 0                            # its stage buffers
@@ -415,8 +422,10 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
 
     ``num_splits`` forces the split count of the decode kernel; ``prefill_kernel`` (bool)
     forces sequences with long queries onto (True) or off (False) the prefill kernel;
-    ``decode_variant`` picks the decode kernel (``"per_head"`` or ``"paged"``; None: the
-    ``KVLAB_DECODE_VARIANT`` environment variable, else ``"per_head"``).
+    ``decode_variant`` picks the decode kernel (``"auto"``, ``"per_head"`` or ``"paged"``; None:
+    the ``KVLAB_DECODE_VARIANT`` environment variable, else ``"auto"``). The plan's
+    ``decode_variant`` is the kernel it launches, ``decode_variant_note`` why a requested
+    ``"paged"`` fell back.
     """
     if decode_variant is None:
         decode_variant = os.environ.get("KVLAB_DECODE_VARIANT", "") or DEFAULT_DECODE_VARIANT
@@ -463,8 +472,20 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     window = int(meta["sliding_window"] or 0)
     import cupy
 
+    qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
+    qlen = np.diff(qsl_h)
+    use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
+    long_q = (qlen * G >= PREFILL_MIN_ROWS) if prefill_kernel is None else (qlen > 1)
+    pf_seq = np.nonzero(long_q)[0] if use_pf else np.zeros(0, np.int64)
+    qlen_dec = qlen.copy()
+    qlen_dec[pf_seq] = 0  # those sequences' queries are all on the prefill kernel
+
     variant, note, paged_smem, nbuf = "per_head", "", 0, 0
-    if decode_variant == "paged":
+    want_paged = decode_variant == "paged"
+    if decode_variant == "auto" and fmt.name in AUTO_PAGED_MIN_SM_FRACTION:
+        work = int(np.count_nonzero(qlen_dec)) * Hkv
+        want_paged = work >= AUTO_PAGED_MIN_SM_FRACTION[fmt.name] * _device_props(dev)[0]
+    if want_paged:
         nbuf, note = _paged_buffers(code, d, Hkv, ny, dev)
         if nbuf:
             variant, paged_smem = "paged", paged_smem_bytes(code, d, Hkv, ny, nbuf)
@@ -476,14 +497,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     else:
         capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
         ny_split, min_split = ny, MIN_SPLIT_TOKENS
-    qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
-    qlen = np.diff(qsl_h)
-    use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
-    long_q = (qlen * G >= PREFILL_MIN_ROWS) if prefill_kernel is None else (qlen > 1)
-    pf_seq = np.nonzero(long_q)[0] if use_pf else np.zeros(0, np.int64)
     pf_items = _prefill_list(qlen, pf_seq, PF_ROWS // G)
-    qlen_dec = qlen.copy()
-    qlen_dec[pf_seq] = 0  # those sequences' queries are all on the prefill kernel
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
     items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
                                      min_split)

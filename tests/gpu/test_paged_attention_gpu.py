@@ -286,7 +286,7 @@ def test_decode_variants_agree(rng, fmt, shape):
     """Pure decode at the benchmark's head counts (8 KV heads: 8 warps per paged CTA), the lab's
     3/9 heads, an odd 5 KV heads, d=256 with 4 KV heads: both variants against
     the reference, forced splits included. (8 KV heads at d=256 do not fit the paged kernel's
-    shared memory for auto/int8/fp8 and fall back; 4 KV heads at d=256 do fit.)"""
+    shared memory for auto and fall back; 4 KV heads at d=256 do fit.)"""
     hkv, group, d, bs = shape
     kv_lens = [int(rng.integers(1, 1200)) for _ in range(5)] + [17, 1]
     case = build_case(rng, fmt, hkv, group, d, bs, [1] * len(kv_lens), kv_lens)
@@ -298,8 +298,9 @@ def test_decode_variants_agree(rng, fmt, shape):
 
 
 def test_decode_variant_selection(rng, monkeypatch):
-    """KVLAB_DECODE_VARIANT picks the kernel, the argument wins, bad names raise, and a shape
-    the paged kernel cannot take (16 column groups) falls back to per_head with a note."""
+    """KVLAB_DECODE_VARIANT picks the kernel, the argument wins, bad names raise, a shape the
+    paged kernel cannot take (16 column groups) falls back to per_head with a note, and "auto"
+    (the default) picks by format and the amount of decode work."""
     from kvlab.cuda.attention import DEFAULT_DECODE_VARIANT
 
     case = build_case(rng, "int4_per_token_head", 2, 4, 64, 16, [1, 1], [50, 300])
@@ -309,7 +310,8 @@ def test_decode_variant_selection(rng, monkeypatch):
     dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
     args = (dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"],
             case["kv_cache_dtype"])
-    assert plan_paged_attention(*args).decode_variant == DEFAULT_DECODE_VARIANT == "per_head"
+    # "auto" keeps int4 on the per-head kernel
+    assert DEFAULT_DECODE_VARIANT == "auto" and plan_paged_attention(*args).decode_variant == "per_head"
     monkeypatch.setenv("KVLAB_DECODE_VARIANT", "paged")
     assert plan_paged_attention(*args).decode_variant == "paged"
     assert plan_paged_attention(*args, decode_variant="per_head").decode_variant == "per_head"
@@ -326,6 +328,20 @@ def test_decode_variant_selection(rng, monkeypatch):
                               dw["query_start_loc"], wide["kv_cache_dtype"], decode_variant="paged")
     assert p2.decode_variant == "per_head" and "column groups" in p2.decode_variant_note
     check_close(out, run_ref(wide), "bfloat16", "16 KV heads")
+    # "auto" takes the paged kernel for int8 once decode sequences x KV heads reach the SM count
+    from kvlab.cuda.attention import _device_props
+
+    n_sm = _device_props(_torch().cuda.current_device())[0]
+    for nseq in (n_sm // 8 + 1, 1):
+        many = build_case(rng, "int8_per_token_head", 8, 4, 64, 16, [1] * nseq, [40] * nseq)
+        dm = {k: to_device(many[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+        pm = plan_paged_attention(dm["q"], dm["kv_cache"], dm["block_table"], dm["seq_lens"],
+                                  dm["query_start_loc"], many["kv_cache_dtype"])
+        assert pm.decode_variant == ("paged" if nseq * 8 >= n_sm else "per_head"), (nseq, pm.decode_variant_note)
+        out = dm["q"].clone()
+        out[...] = float("nan")
+        pm.run(dm["q"], dm["kv_cache"], dm["block_table"], dm["seq_lens"], dm["query_start_loc"], out=out)
+        check_close(to_host(out).astype(np.float64), run_ref(many), "bfloat16", f"auto variant, {nseq} sequences")
 
 
 def test_tolerance_rejects_wrong_outputs(rng):
