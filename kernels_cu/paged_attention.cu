@@ -231,6 +231,43 @@ struct HeadOffsets {
   uint32_t kg, kg8, v[4], par, skg, skg8, sv[4][NGV];   // unsigned: zero-extended adds
 };
 
+// This thread's offsets (lane = 4g + c, KV head kvh of H) from a 16-token tile's row 0 of the
+// K side, in a layout of `side` bytes per side and, for nvfp4, the scale part `sbase` bytes
+// into a side: K rows of tokens g, g+8, V rows of tokens 2c, 2c+1, 2c+8, 2c+9, the parameter
+// word of token lane & 15 on side lane >> 4, nvfp4 scale bytes. The per-head kernel passes a
+// cache slab, the paged kernel a staged side in shared memory (same formulas).
+template <int FMT, int D>
+__device__ __forceinline__ void head_offsets(HeadOffsets<FMT, D>& of, int g, int c, int lane, int kvh, int H,
+                                             int side, int sbase, int swizzle_v) {
+  using TR = Traits<FMT, D, __half>;
+  constexpr int DROW = (FMT == NVFP4) ? D / 2 : TR::ROW;   // code part of a row
+  constexpr int S = D / 16;                                // nvfp4 scales per row
+  const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  const int HR = H * DROW;   // one token of the code part
+  of.kg = (g * H + kvh) * DROW + c * TR::KB;
+  of.kg8 = of.kg + 8 * HR;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) of.v[i] = side + (t4[i] * H + kvh) * DROW + g * TR::VB;
+  {
+    constexpr int OFF = (FMT == INT4) ? D / 2 : D;   // parameter word after the codes
+    of.par = (lane >> 4) * side + ((lane & 15) * H + kvh) * TR::ROW + OFF;
+  }
+  if constexpr (FMT == NVFP4) {
+    of.skg = sbase + (g * H + kvh) * S;
+    of.skg8 = sbase + ((g + 8) * H + kvh) * S;
+#pragma unroll
+    for (int i = 0; i < HeadOffsets<FMT, D>::NGV; ++i) {
+      const int grp = (g * (D / 8)) / 16 + i;
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        int tt, gg;   // tiles start at a multiple of 16: the swizzle is local
+        v_scale_pos<S>(t4[k], grp, swizzle_v, tt, gg);
+        of.sv[k][i] = side + sbase + (tt * H + kvh) * S + gg;
+      }
+    }
+  }
+}
+
 // The phases of one warp's 16-token tile at KV positions p0 .. p0+15, its 8 query columns.
 //   S = Q·K^T as m16 (columns g; rows 8..15 zero) x n8 (tokens) x k = D, two n-tiles: the
 //   accumulators hold (column g, tokens 2c, 2c+1 | 2c+8, 2c+9), which is exactly the B
@@ -507,28 +544,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   const int sbase = BS * H * (D / 2);                 // nvfp4: scale part of a slab
   const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
   Off of;
-  of.kg = (g * H + kvh) * DROW + c * TR::KB;
-  of.kg8 = of.kg + 8 * HR;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) of.v[i] = side + (t4[i] * H + kvh) * DROW + g * TR::VB;
-  {
-    constexpr int OFF = (FMT == INT4) ? D / 2 : D;   // parameter word after the codes
-    of.par = (lane >> 4) * side + ((lane & 15) * H + kvh) * TR::ROW + OFF;
-  }
-  if constexpr (FMT == NVFP4) {   // relative to the slab's scale part at token o
-    of.skg = sbase + (g * H + kvh) * S;
-    of.skg8 = sbase + ((g + 8) * H + kvh) * S;
-#pragma unroll
-    for (int i = 0; i < NGV; ++i) {
-      const int grp = (g * (D / 8)) / 16 + i;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        int tt, gg;   // tiles start at a multiple of 16: the swizzle is local
-        v_scale_pos<S>(t4[k], grp, swizzle_v, tt, gg);
-        of.sv[k][i] = side + sbase + (tt * H + kvh) * S + gg;
-      }
-    }
-  }
+  head_offsets<FMT, D>(of, g, c, lane, kvh, H, side, sbase, swizzle_v);
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
   // int4 nibble masks (k_operand_fast / v_operand_fast). Tried: making them opaque to ptxas
   // (OR-ing a run-time zero) — ptxas then splits each operand into two LOP3 instead of a
@@ -883,35 +899,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   };
 
   // This thread's byte offsets within chunk 0 of a staged buffer (chunk j adds j·16·H·DROW,
-  // nvfp4's scales j·16·H·S), as HeadOffsets of the per-head kernel: K rows of tokens g, g+8,
-  // V rows of tokens 2c, 2c+1, 2c+8, 2c+9, the parameter word of token lane & 15 on side
-  // lane >> 4, nvfp4 scale bytes.
+  // nvfp4's scales j·16·H·S).
   const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
   const int HR = H * DROW;
   const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
   Off of;
-  of.kg = (g * H + kvh) * DROW + c * TR::KB;
-  of.kg8 = of.kg + 8 * HR;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) of.v[i] = side_sm + (t4[i] * H + kvh) * DROW + g * TR::VB;
-  {
-    constexpr int OFF = (FMT == INT4) ? D / 2 : D;   // parameter word after the codes (DROW == ROW)
-    of.par = (lane >> 4) * side_sm + ((lane & 15) * H + kvh) * ROW + OFF;
-  }
-  if constexpr (FMT == NVFP4) {
-    of.skg = sc0 + (g * H + kvh) * S;
-    of.skg8 = sc0 + ((g + 8) * H + kvh) * S;
-#pragma unroll
-    for (int i = 0; i < NGV; ++i) {
-      const int grp = (g * (D / 8)) / 16 + i;
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        int tt, gg;   // chunks start at a multiple of 16: the swizzle is local
-        v_scale_pos<S>(t4[k], grp, swizzle_v, tt, gg);
-        of.sv[k][i] = side_sm + sc0 + (tt * H + kvh) * S + gg;
-      }
-    }
-  }
+  head_offsets<FMT, D>(of, g, c, lane, kvh, H, side_sm, sc0, swizzle_v);
   // This thread's raw words of chunk j of a staged buffer; MK: zeros past L.
   auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
