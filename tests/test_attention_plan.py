@@ -41,3 +41,52 @@ def test_misfits_name_the_argument(bad, match):
     qq, cc, out = bad(q, cache)
     with pytest.raises((TypeError, ValueError), match=match):
         _plan().check_run_args(qq, cc, out=out)
+
+
+# ---- the paged decode kernel's stage count and the "auto" variant rule (host logic, CPU):
+# the device queries are replaced by an H200's numbers (132 SMs, 228 KB shared memory per SM,
+# 227 KB per block) or an A100's compute capability.
+class _FakeDevice:
+    def __init__(self, cc):
+        self.compute_capability = cc
+
+
+@pytest.fixture
+def h200(monkeypatch):
+    import cupy
+
+    from kvlab.cuda import attention as A
+
+    monkeypatch.setattr(A, "_device_props", lambda dev: (132, 228 * 1024))
+    monkeypatch.setattr(A, "_smem_optin", lambda dev: 227 * 1024)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice("90"))
+    return A
+
+
+@pytest.mark.parametrize("code, d, h, expect", [
+    (3, 128, 8, 3),   # int4: stages of 2·32·8·68 = 34,816 B; 3 fit in 110 KB (2 CTAs/SM)
+    (4, 128, 8, 3),   # nvfp4: 36,864 B stages (rows of 72 B)
+    (1, 128, 8, 3),   # int8: 16-token stages of 33,792 B
+    (0, 128, 8, 3),   # auto: 65,536 B stages only fit one CTA per SM (3 stages of 223 KB)
+    (3, 64, 3, 4),    # the shipped model's shape: small stages, the 4-stage cap
+    (0, 256, 8, 0),   # auto d=256, 8 heads: a stage is 131 KB, two do not fit
+])
+def test_paged_stage_count(h200, code, d, h, expect):
+    A = h200
+    nbuf, note = A._paged_buffers(code, d, h, h, 0)
+    assert nbuf == expect, note
+    if nbuf:   # fits one block's opt-in limit with room for the static part
+        assert A.paged_smem_bytes(code, d, h, h, nbuf) <= 227 * 1024 - 4096
+    else:
+        assert "two stages" in note
+
+
+def test_paged_needs_sm90_and_at_most_8_column_groups(h200, monkeypatch):
+    import cupy
+
+    A = h200
+    assert A._paged_buffers(3, 128, 16, 16, 0) == (0, "paged decode needs num_kv_heads * G / hpc <= 8 "
+                                                      "column groups, got 16")
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice("80"))
+    nbuf, note = A._paged_buffers(3, 128, 8, 8, 0)
+    assert nbuf == 0 and "sm_90" in note and "sm_80" in note
