@@ -144,12 +144,8 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, bool p
 }
 
 // ---------------------------------------------------------------- cp.async (sm_80+)
-// 16 bytes global -> shared without a register round trip (L2 only: .cg). Both addresses
-// 16-byte aligned. Groups: commit after issuing a stage, wait until at most N are pending.
-__device__ __forceinline__ void cp_async16(void* smem_dst, const void* gmem_src) {
-  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(gmem_src) : "memory");
-}
+// Groups of cp.async copies (the prefill kernel's cp_async16_zfill): commit after issuing a
+// stage, wait until at most N are pending.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

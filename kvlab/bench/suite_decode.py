@@ -15,8 +15,9 @@ output are < 0.1 % and not counted). Baselines in the same process:
 
 Every kvlab format runs on both decode kernels, side by side (``impl`` = ``kvlab <format>
 [<variant>]``): ``per_head`` (``paged_attention_decode``, one CTA per KV head gathering rows)
-and ``paged`` (``paged_attention_decode_paged``, one CTA for all KV heads, whole pages staged
-in shared memory with cp.async). ``notes`` give the plan's CTAs, reductions and variant
+and ``paged`` (``paged_attention_decode_paged``, one CTA for all KV heads, sm_90, whole pages
+copied into a ring of shared-memory stages by bulk copies; the whole-call row uses the
+default ``decode_variant="auto"``). ``notes`` give the plan's CTAs, reductions and variant
 (and the fallback reason if ``paged`` did not apply).
 
 kvlab rows time :meth:`kvlab.cuda.attention.AttentionPlan.run` — the kernels only; the plan
