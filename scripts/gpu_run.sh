@@ -12,6 +12,9 @@
 #                    per variant with the environment assignments after the first '=' (A/B of
 #                    compile-time switches or KVLAB_* settings; results in bench_<suite>_<name>/);
 #                    VARIANTS_<suite> sets them for one suite only
+#   NCU_ARGS="..."   extra Nsight Compute options for PROFILE / PROFILE_WRITE (the stall-reason
+#                    breakdown was missing from session 3's --set full text; to try:
+#                    NCU_ARGS="--print-details all", not yet verified on the device's ncu)
 #   PROFILE_WRITE=1 ...   Nsight Compute over one write launch per format (profile_write.py;
 #                    PROFILE_WRITE_FORMATS="fp8_per_token_head int8_per_token_head" to pick)
 #
@@ -67,7 +70,7 @@ if [ -z "${SKIP_BENCH:-}" ]; then
 fi
 if [ -n "${PROFILE_WRITE:-}" ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  [ -n "$NCU" ] && timeout "${T_PROFILE:-150}" "$NCU" --clock-control none --set full --print-details all \
+  [ -n "$NCU" ] && timeout "${T_PROFILE:-150}" "$NCU" --clock-control none --set full ${NCU_ARGS:-} \
     -k regex:reshape_and_cache -c 5 python3 scripts/profile_write.py ${PROFILE_WRITE_FORMATS:-} \
     > "$OUT/ncu_write.txt" 2>&1
   echo "write profile done [$(( $(date +%s) - t0 )) s]"
@@ -77,7 +80,7 @@ if [ -n "${PROFILE:-}" ]; then
   # one int4 decode launch (batch 32 x 8k, 32/8 heads, d=128) under Nsight Compute, as text
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   # PROFILE_ENV: environment assignments for the profiled run (e.g. KVLAB_DECODE_VARIANT=paged)
-  [ -n "$NCU" ] && env ${PROFILE_ENV:-} timeout "${T_PROFILE:-120}" "$NCU" --clock-control none --set full --print-details all \
+  [ -n "$NCU" ] && env ${PROFILE_ENV:-} timeout "${T_PROFILE:-120}" "$NCU" --clock-control none --set full ${NCU_ARGS:-} \
     -k regex:paged_attention_decode -c 2 python3 scripts/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
   echo "profile done [$(( $(date +%s) - t0 )) s]: $(grep -cE 'Duration|Memory Throughput' "$OUT/ncu_decode.txt" 2>/dev/null) metric lines"
   grep -E "paged_attention_decode|^ +(Duration|DRAM Throughput|Registers Per|Achieved Active Warps|Issue Slots Busy|Warp Cycles Per Issued|Stall (Long|Short|Wait|Barrier|Math|MIO|Not Sel|LG))" \
