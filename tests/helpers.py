@@ -96,3 +96,55 @@ def dense_attention(q, k, v, softmax_scale, sliding_window=None):
             w = np.exp(s - s.max())
             out[j, h] = (w / w.sum()) @ vv
     return out
+
+
+# ---- the lab on the shipped model (CPU and GPU tests) ----------------------------------------
+def model_logits(lm, ids, cache):
+    """Logits of ``lm.model`` on token ids ``(batch, tokens)`` (on ``lm.device``) with ``cache``."""
+    import torch
+
+    from kvlab.lab.hf_cache import cache_kwargs
+
+    with torch.no_grad():
+        return lm.model(torch.as_tensor(ids, device=lm.device), **cache_kwargs(lm.model, cache),
+                        use_cache=True).logits
+
+
+def check_auto_cache_is_exact(lm, ids, split=50):
+    """An ``auto`` KVLabCache gives bit-identical logits to transformers' DynamicCache, in one
+    call and as a prefill of ``split`` tokens plus a continuation chunk. Returns the reference
+    logits and the two KVLabCaches (one call, two chunks) for further checks."""
+    import torch
+    from transformers import DynamicCache
+
+    from kvlab.lab.hf_cache import KVLabCache
+
+    ref = model_logits(lm, ids, DynamicCache(config=lm.model.config))
+    one = KVLabCache("auto", lm.model)
+    assert torch.equal(model_logits(lm, ids, one), ref)
+    dyn = DynamicCache(config=lm.model.config)
+    ref2 = torch.cat([model_logits(lm, ids[:, :split], dyn), model_logits(lm, ids[:, split:], dyn)], dim=1)
+    two = KVLabCache("auto", lm.model)
+    out2 = torch.cat([model_logits(lm, ids[:, :split], two), model_logits(lm, ids[:, split:], two)], dim=1)
+    assert torch.equal(out2, ref2)
+    assert two.get_seq_length() == ids.shape[1]
+    return ref, one, two
+
+
+# ---- notebooks (tests/test_notebooks.py, tests/gpu/test_notebook_gpu.py) -----------------------
+def run_notebook(path, monkeypatch, timeout_s, env=None):
+    """Execute a notebook top to bottom in a fresh kernel in the small mode
+    (``KVLAB_NOTEBOOK_SMALL=1``, offline, no progress bars, plus ``env``), without writing it
+    back; fails on any error output. Returns the executed notebook."""
+    import nbclient
+    import nbformat
+
+    for k, v in {"KVLAB_NOTEBOOK_SMALL": "1", "HF_HUB_OFFLINE": "1", "TQDM_DISABLE": "1", **(env or {})}.items():
+        monkeypatch.setenv(k, v)
+    nb = nbformat.read(path, as_version=4)
+    nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                            resources={"metadata": {"path": str(path.parent)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, f"{path.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    return nb

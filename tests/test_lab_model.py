@@ -16,6 +16,8 @@ from kvlab.lab.hf_cache import cache_kwargs  # noqa: E402
 from kvlab.lab import metrics  # noqa: E402
 from kvlab.lab.recipes import INT4_SPEC, Recipe  # noqa: E402
 from kvlab.lab.study import KIVI_KEYS, ordering_recipes  # noqa: E402
+from tests.helpers import check_auto_cache_is_exact  # noqa: E402
+from tests.helpers import model_logits as _logits  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -95,27 +97,12 @@ def test_capture_shapes_and_rope(lm, windows):
         capture_kv(lm, np.zeros((2, 3), dtype=np.int64))
 
 
-def _logits(lm, ids, cache):
-    with torch.no_grad():
-        return lm.model(torch.as_tensor(ids), **cache_kwargs(lm.model, cache), use_cache=True).logits
-
-
 def test_auto_cache_reproduces_unquantized_logits_exactly(lm, windows):
-    from transformers import DynamicCache
-
     from kvlab.lab.hf_cache import KVLabCache
 
     ids = windows[:, :96]
-    ref = _logits(lm, ids, DynamicCache(config=lm.model.config))
-    one = _logits(lm, ids, KVLabCache("auto", lm.model))
-    assert torch.equal(one, ref)
-    # prefill + continuation chunk: same as a DynamicCache fed the same chunks
-    dyn = DynamicCache(config=lm.model.config)
-    ref2 = torch.cat([_logits(lm, ids[:, :50], dyn), _logits(lm, ids[:, 50:], dyn)], dim=1)
-    cache = KVLabCache("auto", lm.model)
-    two = torch.cat([_logits(lm, ids[:, :50], cache), _logits(lm, ids[:, 50:], cache)], dim=1)
-    assert torch.equal(two, ref2)
-    assert cache.get_seq_length() == 96
+    # one call, and prefill + continuation chunk: same as a DynamicCache fed the same chunks
+    ref, _, _ = check_auto_cache_is_exact(lm, ids)
     # an int4 cache stores d/2 + 4 bytes per (token, head) and really changes the logits
     q = KVLabCache("int4_per_token_head", lm.model)
     out = _logits(lm, ids, q)

@@ -9,8 +9,10 @@ from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+from tests.helpers import run_notebook
+
+pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
 
 NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
 TIMEOUT_S = 420
@@ -22,21 +24,10 @@ def test_there_are_six_notebooks():
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_executes(path, monkeypatch):
-    monkeypatch.setenv("KVLAB_NOTEBOOK_SMALL", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TQDM_DISABLE", "1")
     # the CPU is shared: sleeping (not spinning) OpenMP workers keep oversubscribed runs from crawling
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    nb = nbformat.read(path, as_version=4)
+    nb = run_notebook(path, monkeypatch, TIMEOUT_S, env={"OMP_WAIT_POLICY": "PASSIVE"})
     for cell in nb.cells:
         if cell.cell_type == "code":
-            src = cell.source
             # notebooks import kvlab only: helpers belong in the package
-            assert "def " not in src, f"{path.name}: define helpers in kvlab.lab, not in the notebook"
-    client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(path.parent)}})
-    client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors, f"{path.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+            assert "def " not in cell.source, f"{path.name}: define helpers in kvlab.lab, not in the notebook"
     assert os.environ["KVLAB_NOTEBOOK_SMALL"] == "1"

@@ -169,8 +169,11 @@ class KVLabLayer(DynamicLayer):
         self._k_tail = None
         self._geometry = None
 
-    def reorder_cache(self, beam_idx):  # beam search would need the stored rows reordered too
-        raise NotImplementedError("KVLabCache does not support beam search")
+    def reorder_cache(self, beam_idx):
+        """Beam search is not supported (it would reorder the quantized history by beam):
+        raises with what to do instead."""
+        raise NotImplementedError("KVLabCache does not support beam search: generate with num_beams=1 "
+                                  "(greedy or sampling)")
 
 
 class KVLabCache(Cache):

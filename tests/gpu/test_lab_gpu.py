@@ -20,6 +20,8 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from kvlab.lab.hf_cache import cache_kwargs  # noqa: E402
+from tests.helpers import check_auto_cache_is_exact  # noqa: E402
+from tests.helpers import model_logits as _logits  # noqa: E402
 
 QUANTIZED = ("int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
 #: int4: the kernel sums the RHT in float32, the reference in float64, both then round to the
@@ -86,12 +88,6 @@ def no_host_reference(monkeypatch):
     return monkeypatch
 
 
-def _logits(lm, ids, cache):
-    with torch.no_grad():
-        out = lm.model(torch.as_tensor(ids, device=lm.device), **cache_kwargs(lm.model, cache), use_cache=True).logits
-    return out
-
-
 def _kl(logits_p, logits_q) -> float:
     """Mean over positions of KL(p ‖ q) in nats, float64."""
     lp = torch.log_softmax(logits_p.double(), dim=-1)
@@ -107,25 +103,12 @@ def _assert_kernel_path(cache, updates: int):
 
 
 def test_auto_cache_reproduces_unquantized_logits_exactly_on_cuda(lm, windows, no_host_reference):
-    from transformers import DynamicCache
-
-    from kvlab.lab.hf_cache import KVLabCache
-
     ids = windows[:, :96]
-    ref = _logits(lm, ids, DynamicCache(config=lm.model.config))
+    # one call, and prefill + continuation chunk: same as a DynamicCache fed the same chunks
+    ref, one, two = check_auto_cache_is_exact(lm, ids)
     assert ref.is_cuda
-    cache = KVLabCache("auto", lm.model)
-    one = _logits(lm, ids, cache)
-    assert torch.equal(one, ref)
-    _assert_kernel_path(cache, lm.num_layers)
-    # prefill + continuation chunk: same as a DynamicCache fed the same chunks
-    dyn = DynamicCache(config=lm.model.config)
-    ref2 = torch.cat([_logits(lm, ids[:, :50], dyn), _logits(lm, ids[:, 50:], dyn)], dim=1)
-    cache = KVLabCache("auto", lm.model)
-    two = torch.cat([_logits(lm, ids[:, :50], cache), _logits(lm, ids[:, 50:], cache)], dim=1)
-    assert torch.equal(two, ref2)
-    assert cache.get_seq_length() == 96
-    _assert_kernel_path(cache, 2 * lm.num_layers)
+    _assert_kernel_path(one, lm.num_layers)
+    _assert_kernel_path(two, 2 * lm.num_layers)
 
 
 def _real_states(lm, ids):

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import run_notebook
+
 pytestmark = pytest.mark.gpu
-nbformat = pytest.importorskip("nbformat")
-nbclient = pytest.importorskip("nbclient")
+pytest.importorskip("nbformat")
+pytest.importorskip("nbclient")
 pytest.importorskip("ipykernel")
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -21,18 +23,9 @@ TIMEOUT_S = 420
 
 
 def test_notebook_06_runs_its_gpu_branch(monkeypatch):
-    monkeypatch.setenv("KVLAB_NOTEBOOK_SMALL", "1")
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    monkeypatch.setenv("TQDM_DISABLE", "1")
     # the kernel and the benchmark subprocess it starts must import this checkout's kvlab
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p))
-    nb = nbformat.read(NOTEBOOK, as_version=4)
-    client = nbclient.NotebookClient(nb, timeout=TIMEOUT_S, kernel_name="python3",
-                                     resources={"metadata": {"path": str(NOTEBOOK.parent)}})
-    client.execute()
-    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
-              if o.get("output_type") == "error"]
-    assert not errors, f"{NOTEBOOK.name}: {errors[0].get('ename')}: {errors[0].get('evalue')}"
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
+    nb = run_notebook(NOTEBOOK, monkeypatch, TIMEOUT_S, env={"PYTHONPATH": path})
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
                      if o.get("output_type") == "stream")
     assert "small mode" in text, "the notebook did not run in the small mode"
