@@ -118,6 +118,20 @@ __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
+// A 32-bit constant held in a register for the whole kernel: the compiler cannot recompute the
+// result of a volatile asm, so it does not rematerialize it (an IMAD.MOV before each use)
+// when registers are tight. The int4 nibble masks of the decode tile math (a LOP3 takes one
+// immediate; the other constant of `(x & mask) | bias` must come from a register).
+template <uint32_t V>
+__device__ __forceinline__ uint32_t pinned_u32() {
+  // min(V, d | V) = V for any d; with d a special register ptxas cannot see through it (a
+  // plain mov of an immediate, or a shuffle of one, is folded back into the uses)
+  uint32_t r;
+  asm volatile("{ .reg .u32 t; mov.u32 t, %%dynamic_smem_size; or.b32 t, t, %1; min.u32 %0, t, %1; }"
+               : "=r"(r) : "n"(V));
+  return r;
+}
+
 // ---------------------------------------------------------------- loads
 // NBYTES bytes at p (aligned to ALIGN) into 32-bit words; zeros when !pred.
 template <int NBYTES, int ALIGN>
@@ -141,6 +155,14 @@ __device__ __forceinline__ void load_words(const uint8_t* p, uint32_t* w, bool p
 #pragma unroll
     for (int i = 0; i < NBYTES / 4; ++i) w[i] = 0u;
   }
+}
+
+// NW words at p, p + STRIDE, p + 2·STRIDE, … (global memory, 4-byte aligned) into w; zeros
+// when !pred. The interleaved rows of int4/int8/fp8 (RowWords).
+template <int NW, int STRIDE>
+__device__ __forceinline__ void load_words_strided(const uint8_t* p, uint32_t* w, bool pred) {
+#pragma unroll
+  for (int i = 0; i < NW; ++i) w[i] = pred ? __ldg(reinterpret_cast<const unsigned int*>(p + i * STRIDE)) : 0u;
 }
 
 // ---------------------------------------------------------------- cp.async (sm_80+)
@@ -173,6 +195,32 @@ __device__ __forceinline__ void smem_words(const uint8_t* p, uint32_t* w, bool p
   }
 }
 
+// NW words of an interleaved row in shared memory (word i at base + off[i]) into w in order,
+// read in the order i + o (o = 0 or 1, per lane; off[i] is the offset of word (i + o) mod NW,
+// precomputed) and put back in order with one select stage. The paged decode kernel gives the
+// two lanes whose K rows share banks different o (paged_attention.cu, paged kernel prologue),
+// so that no word load of a warp has a bank conflict. base is warp-uniform: the K rows g and
+// g + 8 share the per-lane offsets.
+template <int NW>
+__device__ __forceinline__ void smem_words_rot1(const uint8_t* base, const uint32_t (&off)[NW], bool pred, int o,
+                                                uint32_t (&w)[NW]) {
+  uint32_t x[NW];
+#pragma unroll
+  for (int i = 0; i < NW; ++i) x[i] = *reinterpret_cast<const uint32_t*>(base + off[i]);
+#pragma unroll
+  for (int j = 0; j < NW; ++j) w[j] = pred ? (o ? x[(j + NW - 1) % NW] : x[j]) : 0u;
+}
+
+// NW words at p, p + STRIDE, … (shared memory, 4-byte aligned) into w; zeros when !pred.
+template <int NW, int STRIDE>
+__device__ __forceinline__ void smem_words_strided(const uint8_t* p, uint32_t* w, bool pred) {
+#pragma unroll
+  for (int i = 0; i < NW; ++i) {
+    const uint32_t v = *reinterpret_cast<const uint32_t*>(p + i * STRIDE);
+    w[i] = pred ? v : 0u;
+  }
+}
+
 // ---------------------------------------------------------------- format traits
 // CT_QK / CT_PV: operand types of the two mma; KB / VB: bytes of a K row a thread owns in
 // the Q·K layout (D/4 dims) and of a V row in the P·V layout (D/8 dims).
@@ -202,15 +250,39 @@ template <int D, typename T> struct Traits<NVFP4, D, T> {
 
 // Dim owned by thread c (lane % 4) for chunk kk (16 dims of the Q·K reduction), pair p
 // (0: k = 2c..2c+1, 1: k = 2c+8..2c+9) and half h (low/high 16 bits of the register).
+// int4/int8/fp8 (word-aligned rows, INTERLEAVED): thread c owns the row's words c, c+4, c+8, …
+// (word w of the thread = row word c + 4w), so that the 4 threads of a quad read 16
+// consecutive bytes per load and, in the decode kernels' shared-memory stages, the rows of a
+// warp's 8 K tokens spread over all 32 banks (see head_offsets in paged_attention.cu).
+// nvfp4/auto (16-byte aligned rows, vector loads): thread c owns D/4 consecutive dims.
+template <int FMT> struct RowWords {
+  static constexpr bool INTERLEAVED = (FMT == INT4 || FMT == INT8 || FMT == FP8);
+};
 template <int FMT, int D>
 __device__ __forceinline__ int qk_dim(int c, int kk, int p, int h) {
+  constexpr int KW = D / 32 * ((FMT == INT4 || FMT == NVFP4) ? 1 : 2);   // words of a thread
   if constexpr (FMT == INT4 || FMT == NVFP4) {
-    return c * (D / 4) + 8 * (kk >> 1) + 2 * (kk & 1) + p + 4 * h;  // nibbles (i, i+4) of a word
+    // nibbles (i, i+4) of the thread's word kk >> 1
+    const int word = (FMT == INT4) ? c + 4 * (kk >> 1) : c * KW + (kk >> 1);
+    return 8 * word + 2 * (kk & 1) + p + 4 * h;
   } else if constexpr (FMT == INT8) {
-    return c * (D / 4) + 4 * kk + p + 2 * h;  // bytes (p, p+2) of word kk
+    return 4 * (c + 4 * kk) + p + 2 * h;  // bytes (p, p+2) of the thread's word kk
+  } else if constexpr (FMT == FP8) {
+    return 4 * (c + 4 * kk) + 2 * p + h;  // bytes (2p, 2p+1) of the thread's word kk
   } else {
-    return c * (D / 4) + 4 * kk + 2 * p + h;  // fp8: bytes (2p, 2p+1); auto: element pair 2kk+p
+    return c * (D / 4) + 4 * kk + 2 * p + h;  // auto: element pair 2kk+p
   }
+}
+
+// Output dim of the P·V layout: local dim l (0 .. D/8-1) of thread g (lane / 4), the layout of
+// v_operand: int4/nvfp4 nibble l & 7 of the thread's V word l >> 3, int8/fp8 byte l & 3 of word
+// l >> 2, auto element l; int4/int8/fp8 V words are interleaved as the K words (thread g owns
+// row words g, g+8, …), nvfp4/auto own D/8 consecutive dims.
+template <int FMT, int D>
+__device__ __forceinline__ int pv_dim(int g, int l) {
+  if constexpr (FMT == INT4) return 8 * (g + 8 * (l >> 3)) + (l & 7);
+  else if constexpr (FMT == INT8 || FMT == FP8) return 4 * (g + 8 * (l >> 2)) + (l & 3);
+  else return g * (D / 8) + l;
 }
 
 // Q·K operand: registers of chunk kk, pair p, from the thread's K row words kw

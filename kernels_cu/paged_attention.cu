@@ -36,10 +36,20 @@ constexpr int NCOL = 8;   // query columns per CTA (the mma N dimension)
 constexpr int ITEM = 5;   // ints per work item: seq, tok0, kv_lo, kv_hi, part (-1: final)
 }  // namespace
 
+// Token order of a decode warp's 16-token tile (lane = 4g + c). The S = Q·K^T mma puts token
+// k_token(n) in column n of n-tile 0 (k_token(n) + 8 in n-tile 1), so thread (g, c) ends up
+// with the scores of tokens pv_token(c, 0..3) = c, c+4, c+8, c+12 — the tokens of its k-slots
+// in the P·V mma. Any order is exact; this one makes the V rows a warp reads at once
+// (tokens c + 4i, i fixed) fall on distinct shared-memory banks in the paged kernel's stages
+// (H·ROW ≡ 8 words mod 32 at d = 128 with 8 KV heads), where 2c, 2c+1, … put 2 or 4 on each.
+__device__ __forceinline__ int k_token(int g) { return (g >> 1) | ((g & 1) << 2); }   // 0,4,1,5,2,6,3,7
+__device__ __forceinline__ int pv_token(int c, int i) { return c + 4 * i; }
+
 // Raw bytes of one 16-token tile as a thread of a decode warp holds them (lane = 4g + c):
-// K rows of tokens g and g+8 (KB bytes from byte c·KB of the code part), V rows of tokens
-// 2c, 2c+1, 2c+8, 2c+9 (VB bytes from byte g·VB) and the nvfp4 scales. The int4/int8/fp8
-// parameter words are added by HeadRaw below.
+// K rows of tokens k_token(g) and k_token(g)+8 (KB bytes of the code part: words c, c+4, …
+// for int4/int8/fp8, RowWords in attention_common.cuh; bytes from c·KB otherwise), V rows of
+// tokens pv_token(c, 0..3) (VB bytes: words g, g+8, … or bytes from g·VB) and the nvfp4
+// scales. The int4/int8/fp8 parameter words are added by HeadRaw below.
 template <int FMT, int D>
 struct TileRaw {
   using TR = Traits<FMT, D, __half>;
@@ -47,10 +57,10 @@ struct TileRaw {
   static constexpr int SW = (FMT == NVFP4) ? D / 64 : 1;
   static constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;   // nvfp4 K scale groups per thread
   static constexpr int NGV = (FMT == NVFP4) ? (D >= 128 ? D / 128 : 1) : 1;
-  uint32_t ka[KW], kb[KW];                  // K: tokens g, g+8
-  uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens 2c, 2c+1, 2c+8, 2c+9
-  uint32_t skg[SW], skg8[SW];               // nvfp4: K scale rows of tokens g, g+8
-  uint32_t sv[4][NGV];                      // nvfp4: V scale bytes of tokens 2c, 2c+1, 2c+8, 2c+9
+  uint32_t ka[KW], kb[KW];                  // K: tokens k_token(g), k_token(g) + 8
+  uint32_t v0[VW], v1[VW], v2[VW], v3[VW];  // V: tokens pv_token(c, 0..3)
+  uint32_t skg[SW], skg8[SW];               // nvfp4: K scale rows of the two K tokens
+  uint32_t sv[4][NGV];                      // nvfp4: V scale bytes of the four V tokens
 };
 
 // a[idx] for a small register array and a run-time idx, without local memory.
@@ -62,9 +72,9 @@ __device__ __forceinline__ uint32_t pick_word(const uint32_t (&a)[N], int idx) {
   return v;
 }
 
-// nvfp4 group scales of a tile (fp16x2 of sf·2^7, both halves equal): K of tokens g, g+8 for
-// the NGK groups of this thread's K bytes (lane c), V of the token pairs (2c, 2c+1) and
-// (2c+8, 2c+9). Zeros for the other formats (the operands ignore them). Both tile maths.
+// nvfp4 group scales of a tile (fp16x2 of sf·2^7, both halves equal): K of the thread's two K
+// tokens for the NGK groups of its K bytes (lane c), V of the token pairs (pv_token(c, 0),
+// pv_token(c, 1)) and (pv_token(c, 2), pv_token(c, 3)). Zeros for the other formats (the operands ignore them). Both tile maths.
 template <int FMT, int D>
 __device__ __forceinline__ void tile_scales(
     const TileRaw<FMT, D>& r, int c, uint32_t (&sfk_g)[TileRaw<FMT, D>::NGK],
@@ -96,7 +106,8 @@ __device__ __forceinline__ void tile_scales(
 }
 
 // O^T += V^T·P^T for one tile (m16 dims x n8 columns x k16 tokens per m-tile j): the V rows of
-// TileRaw as the A operand, P' (pb0, pb1: tokens 2c, 2c+1 | 2c+8, 2c+9 of column g) as B.
+// TileRaw as the A operand, P' (pb0, pb1: tokens pv_token(c, 0..1) | pv_token(c, 2..3) of
+// column g) as B.
 // mlo: the int4 nibble mask (v_operand_fast). Both tile maths.
 template <int FMT, int D, typename T>
 __device__ __forceinline__ void pv_mma(const TileRaw<FMT, D>& r, float (&acc)[D / 16][4],
@@ -170,15 +181,15 @@ __device__ __forceinline__ int kv_tiles(const int (&qpos)[NCOL], int kv_lo, int 
   return hi > lo16 ? (hi - lo16 + 15) >> 4 : 0;
 }
 
-// A warp's O^T accumulators (thread (g, c): columns 2c, 2c+1 at dims g·D/8 + 2j + {0, 1})
-// minus the int4 zero-point terms z0, z1 of those columns, into the column rows
+// A warp's O^T accumulators (thread (g, c): columns 2c, 2c+1 at dims pv_dim(g, 2j + {0, 1}),
+// adjacent) minus the int4 zero-point terms z0, z1 of those columns, into the column rows
 // ow[n·D + dim] (shared memory).
-template <int D>
+template <int FMT, int D>
 __device__ __forceinline__ void store_acc_columns(float* ow, const float (&acc)[D / 16][4],
                                                   float z0, float z1, int g, int c) {
 #pragma unroll
   for (int j = 0; j < D / 16; ++j) {
-    const int dim = g * (D / 8) + 2 * j;
+    const int dim = pv_dim<FMT, D>(g, 2 * j);
     *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - z0, acc[j][2] - z0);
     *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - z1, acc[j][3] - z1);
   }
@@ -214,7 +225,7 @@ __device__ __forceinline__ void finish_column(
 
 // ---- paged_attention_decode: per-warp tile in the S = Q·K^T orientation
 // The raw bytes of one 16-token tile as a thread of paged_attention_decode holds them:
-// TileRaw (V tokens t0..t3 = 2c, 2c+1, 2c+8, 2c+9) plus one parameter word per lane (int4/
+// TileRaw (V tokens pv_token(c, 0..3)) plus one parameter word per lane (int4/
 // int8/fp8: token lane & 15 of side lane >> 4, handed to the lanes that need it by shuffles).
 template <int FMT, int D>
 struct HeadRaw : TileRaw<FMT, D> {
@@ -233,28 +244,32 @@ struct HeadOffsets {
 
 // This thread's offsets (lane = 4g + c, KV head kvh of H) from a 16-token tile's row 0 of the
 // K side, in a layout of `side` bytes per side and, for nvfp4, the scale part `sbase` bytes
-// into a side: K rows of tokens g, g+8, V rows of tokens 2c, 2c+1, 2c+8, 2c+9, the parameter
-// word of token lane & 15 on side lane >> 4, nvfp4 scale bytes. The per-head kernel passes a
-// cache slab, the paged kernel a staged side in shared memory (same formulas).
+// into a side: K rows of tokens k_token(g), k_token(g) + 8 (first word), V rows of tokens
+// pv_token(c, 0..3) (first word), the parameter word of token lane & 15 on side lane >> 4,
+// nvfp4 scale bytes. The per-head kernel passes a cache slab, the paged kernel a staged side
+// in shared memory (same formulas). int4/int8/fp8 rows are read as interleaved words
+// (RowWords: K words c + 4i, V words g + 8i), nvfp4/auto as KB / VB consecutive bytes.
 template <int FMT, int D>
 __device__ __forceinline__ void head_offsets(HeadOffsets<FMT, D>& of, int g, int c, int lane, int kvh, int H,
                                              int side, int sbase, int swizzle_v) {
   using TR = Traits<FMT, D, __half>;
   constexpr int DROW = (FMT == NVFP4) ? D / 2 : TR::ROW;   // code part of a row
   constexpr int S = D / 16;                                // nvfp4 scales per row
-  const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  constexpr bool IL = RowWords<FMT>::INTERLEAVED;
+  const int t4[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
+  const int kt = k_token(g);
   const int HR = H * DROW;   // one token of the code part
-  of.kg = (g * H + kvh) * DROW + c * TR::KB;
+  of.kg = (kt * H + kvh) * DROW + (IL ? 4 * c : c * TR::KB);
   of.kg8 = of.kg + 8 * HR;
 #pragma unroll
-  for (int i = 0; i < 4; ++i) of.v[i] = side + (t4[i] * H + kvh) * DROW + g * TR::VB;
+  for (int i = 0; i < 4; ++i) of.v[i] = side + (t4[i] * H + kvh) * DROW + (IL ? 4 * g : g * TR::VB);
   {
     constexpr int OFF = (FMT == INT4) ? D / 2 : D;   // parameter word after the codes
     of.par = (lane >> 4) * side + ((lane & 15) * H + kvh) * TR::ROW + OFF;
   }
   if constexpr (FMT == NVFP4) {
-    of.skg = sbase + (g * H + kvh) * S;
-    of.skg8 = sbase + ((g + 8) * H + kvh) * S;
+    of.skg = sbase + (kt * H + kvh) * S;
+    of.skg8 = sbase + ((kt + 8) * H + kvh) * S;
 #pragma unroll
     for (int i = 0; i < HeadOffsets<FMT, D>::NGV; ++i) {
       const int grp = (g * (D / 8)) / 16 + i;
@@ -270,14 +285,14 @@ __device__ __forceinline__ void head_offsets(HeadOffsets<FMT, D>& of, int g, int
 
 // The phases of one warp's 16-token tile at KV positions p0 .. p0+15, its 8 query columns.
 //   S = Q·K^T as m16 (columns g; rows 8..15 zero) x n8 (tokens) x k = D, two n-tiles: the
-//   accumulators hold (column g, tokens 2c, 2c+1 | 2c+8, 2c+9), which is exactly the B
+//   accumulators hold (column g, tokens pv_token(c, 0..3)), which is exactly the B
 //   fragment of O^T += V^T·P^T: P stays in registers, and the softmax of a column is reduced
 //   over the 4 lanes of a quad only (2 shuffles). The accumulator rescale is skipped unless
 //   some column's running max grew (warp vote; exact: the factor would be 1).
 // head_tile_math runs them for one tile; head_tile_pair (paged kernel) for two tiles with one
 // softmax update, so that the two tiles' independent mma chains overlap.
 
-// S = Q·K^T of one tile: s[i] = raw dot product of column g with token tt[i] = 2c, 2c+1,
+// S = Q·K^T of one tile: s[i] = raw dot product of column g with token tt[i] = pv_token(c, i):
 // 2c+8, 2c+9. A = the quad {q(kk), q(kk+1)} of two k-chunks: rows g hold chunk kk, rows g+8
 // chunk kk+1 (no zero registers). Chunk kk's product lands in rows g of the "even"
 // accumulators, chunk kk+1's in rows g+8 of the "odd" ones; the rest is discarded.
@@ -315,7 +330,7 @@ template <int FMT, bool MASKED>
 __device__ __forceinline__ void token_scores(const float (&s)[4], uint32_t par, int p0, float qsum, float qoff,
                                              float cs, float kc, int qpos, int L, int window, int c,
                                              float (&x)[4], float (&vsc)[4], float (&vzp)[4]) {
-  const int tt[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  const int tt[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float ksc = 1.f, koff = 0.f;
@@ -379,7 +394,7 @@ __device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, fl
 }
 
 // P' = P · (V scale of the token), rounded to the P·V operand type: the B fragment (pb0: tokens
-// 2c, 2c+1, pb1: 2c+8, 2c+9); int4: z += Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees.
+// pv_token(c, 0..1), pb1: pv_token(c, 2..3)); int4: z += Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees.
 template <int FMT, int D, typename T>
 __device__ __forceinline__ void pack_p(const float (&e)[4], const float (&vsc)[4], const float (&vzp)[4], float& z,
                                        uint32_t& pb0, uint32_t& pb1) {
@@ -542,14 +557,20 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   const size_t slab2 = static_cast<size_t>(2) * side;
   const int HR = H * DROW;                            // one token of the code part
   const int sbase = BS * H * (D / 2);                 // nvfp4: scale part of a slab
-  const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  const int t4[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
+  const int kt = k_token(g);   // K rows of tokens kt, kt + 8
   Off of;
   head_offsets<FMT, D>(of, g, c, lane, kvh, H, side, sbase, swizzle_v);
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
-  // int4 nibble masks (k_operand_fast / v_operand_fast). Tried: making them opaque to ptxas
-  // (OR-ing a run-time zero) — ptxas then splits each operand into two LOP3 instead of a
-  // LOP3 and a MOV of the constant: no gain.
+  // int4 nibble masks (k_operand_fast / v_operand_fast), pinned in registers (pinned_u32):
+  // as plain constants ptxas re-creates them with an IMAD.MOV before most of the ~50 operand
+  // LOP3s of a tile (session 4, SASS: loop 2166 -> 2040 instructions at d = 128). An earlier
+  // attempt (OR-ing a run-time zero) made ptxas split each operand into two LOP3s instead.
+#ifdef KVLAB_UNPINNED_MASKS
   const uint32_t mlo = 0x000F000Fu, mhi = 0x00F000F0u;
+#else
+  const uint32_t mlo = pinned_u32<0x000F000Fu>(), mhi = pinned_u32<0x00F000F0u>();
+#endif
 
   // block id of tile t (a global load: the full-tile pipeline below issues it a tile early)
   auto block_of = [&](int t) { return bt[(lo16 + 16 * t) >> bs_log2]; };
@@ -559,13 +580,22 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
     const int o = p0 & (BS - 1);
     const uint8_t* slab = cache + static_cast<size_t>(blk) * slab2;
     const uint8_t* base = slab + static_cast<uint32_t>(o * HR);
-    const bool in_g = !MK || p0 + g < L, in_g8 = !MK || p0 + g + 8 < L;
-    load_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
-    load_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
-    load_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
-    load_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
-    load_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
-    load_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    const bool in_g = !MK || p0 + kt < L, in_g8 = !MK || p0 + kt + 8 < L;
+    if constexpr (RowWords<FMT>::INTERLEAVED) {   // words c + 4i (K), g + 8i (V)
+      load_words_strided<TR::KB / 4, 16>(base + of.kg, r.ka, in_g);
+      load_words_strided<TR::KB / 4, 16>(base + of.kg8, r.kb, in_g8);
+      load_words_strided<TR::VB / 4, 32>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+      load_words_strided<TR::VB / 4, 32>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+      load_words_strided<TR::VB / 4, 32>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+      load_words_strided<TR::VB / 4, 32>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    } else {
+      load_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
+      load_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
+      load_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+      load_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+      load_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+      load_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    }
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
       const bool ok = !MK || p0 + (lane & 15) < L;
       r.par = ok ? __ldg(reinterpret_cast<const unsigned*>(base + of.par)) : 0u;
@@ -651,7 +681,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   z += __shfl_xor_sync(0xffffffffu, z, 2);
   {
     const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
-    store_acc_columns<D>(o_sm[warp], acc, z0, z1, g, c);
+    store_acc_columns<FMT, D>(o_sm[warp], acc, z0, z1, g, c);
     if (c == 0) { m_sm[warp][g] = m; l_sm[warp][g] = l; }
   }
   __syncthreads();
@@ -900,22 +930,56 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 
   // This thread's byte offsets within chunk 0 of a staged buffer (chunk j adds j·16·H·DROW,
   // nvfp4's scales j·16·H·S).
-  const int t4[4] = {2 * c, 2 * c + 1, 2 * c + 8, 2 * c + 9};
+  const int t4[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
+  const int kt = k_token(g);   // K rows of tokens kt, kt + 8
   const int HR = H * DROW;
   const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
   Off of;
   head_offsets<FMT, D>(of, g, c, lane, kvh, H, side_sm, sc0, swizzle_v);
+  // Bank-conflict-free row reads (interleaved words, RowWords; int8/fp8): the lanes g and g ^ 1
+  // read K rows 4 tokens apart (k_token), which share banks when H·ROW ≡ 8 words (mod 32) —
+  // 8 KV heads at d = 128 — so the second of two lanes whose first K words share a bank reads
+  // its words in the order 1, 2, …, 0 (smem_words_rot1). The V rows need nothing (pv_token).
+  // Any rotation is correct; other head counts may keep some conflicts. Measured (H200,
+  // B = 32 × 8k, docs/perf-notes.md session 4): shared-load conflicts of the int4 kernel
+  // 5.2 M -> 0.97 M, but time within ±1.5 % for every format: int8/fp8 take it (-1.7 %),
+  // int4 does not (its 8 selects per tile cost +1.3 %). KVLAB_PAGED_NOROT turns it off.
+  constexpr int KW = TR::KB / 4;
+  constexpr bool IL = RowWords<FMT>::INTERLEAVED;
+#ifdef KVLAB_PAGED_NOROT
+  constexpr bool ROT = false;
+#else
+  constexpr bool ROT = FMT == INT8 || FMT == FP8;
+#endif
+  int krot = 0;
+  if constexpr (ROT) {
+    const uint32_t same = __match_any_sync(0xffffffffu, (of.kg >> 2) & 31u);
+    krot = __popc(same & ((1u << lane) - 1u)) & 1;
+  }
+  uint32_t kof[KW];   // per-lane offsets of the K words in the read order
+#pragma unroll
+  for (int i = 0; i < KW; ++i) kof[i] = of.kg + 16u * ((i + krot) % KW);
   // This thread's raw words of chunk j of a staged buffer; MK: zeros past L.
   auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
     const uint8_t* base = sbuf + j * 16 * HR;
-    const bool in_g = !MK || p0 + g < L, in_g8 = !MK || p0 + g + 8 < L;
-    smem_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
-    smem_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
-    smem_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
-    smem_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
-    smem_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
-    smem_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    const bool in_g = !MK || p0 + kt < L, in_g8 = !MK || p0 + kt + 8 < L;
+    if constexpr (IL) {
+      // the K row kt + 8 sits 8·HR bytes after row kt: the same per-lane offsets
+      smem_words_rot1<KW>(base, kof, in_g, krot, r.ka);
+      smem_words_rot1<KW>(base + 8 * HR, kof, in_g8, krot, r.kb);
+      smem_words_strided<TR::VB / 4, 32>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+      smem_words_strided<TR::VB / 4, 32>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+      smem_words_strided<TR::VB / 4, 32>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+      smem_words_strided<TR::VB / 4, 32>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    } else {
+      smem_words<TR::KB, TR::ALIGN>(base + of.kg, r.ka, in_g);
+      smem_words<TR::KB, TR::ALIGN>(base + of.kg8, r.kb, in_g8);
+      smem_words<TR::VB, TR::ALIGN>(base + of.v[0], r.v0, !MK || p0 + t4[0] < L);
+      smem_words<TR::VB, TR::ALIGN>(base + of.v[1], r.v1, !MK || p0 + t4[1] < L);
+      smem_words<TR::VB, TR::ALIGN>(base + of.v[2], r.v2, !MK || p0 + t4[2] < L);
+      smem_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
+    }
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
       const uint32_t w = *reinterpret_cast<const uint32_t*>(base + of.par);
       r.par = (!MK || p0 + (lane & 15) < L) ? w : 0u;
@@ -933,8 +997,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
           r.sv[k][i] = (!MK || p0 + t4[k] < L) ? static_cast<uint32_t>(sb[of.sv[k][i]]) : 0u;
     }
   };
-  // int4 nibble masks (k_operand_fast / v_operand_fast)
+  // int4 nibble masks, pinned in registers (see paged_attention_decode)
+#ifdef KVLAB_UNPINNED_MASKS
   const uint32_t mlo = 0x000F000Fu, mhi = 0x00F000F0u;
+#else
+  const uint32_t mlo = pinned_u32<0x000F000Fu>(), mhi = pinned_u32<0x00F000F0u>();
+#endif
 
   // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
   if (tid == 0)
@@ -996,7 +1064,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   float* ow = reinterpret_cast<float*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
   {
     const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
-    store_acc_columns<D>(ow, acc, z0, z1, g, c);
+    store_acc_columns<FMT, D>(ow, acc, z0, z1, g, c);
     if (c == 0) { mo_sm[warp][g] = m; lo_sm[warp][g] = l; }
   }
   __syncwarp();

@@ -81,7 +81,17 @@ if [ -n "${PROFILE:-}" ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   # PROFILE_ENV: environment assignments for the profiled run (e.g. KVLAB_DECODE_VARIANT=paged)
   [ -n "$NCU" ] && env ${PROFILE_ENV:-} timeout "${T_PROFILE:-120}" "$NCU" --clock-control none --set full ${NCU_ARGS:-} \
+    --import-source yes --export "$OUT/ncu_decode" --force-overwrite \
     -k regex:paged_attention_decode -c 2 python3 scripts/profile_decode.py > "$OUT/ncu_decode.txt" 2>&1
+  if [ -f "$OUT/ncu_decode.ncu-rep" ]; then
+    # the report as text (details), every metric (raw: the stall-reason breakdown, smsp__pcsamp_*),
+    # and the per-SASS-line source view with its stall samples
+    "$NCU" --import "$OUT/ncu_decode.ncu-rep" --page details >> "$OUT/ncu_decode.txt" 2>&1
+    "$NCU" --import "$OUT/ncu_decode.ncu-rep" --page raw --csv > "$OUT/ncu_decode_raw.csv" 2>&1
+    "$NCU" --import "$OUT/ncu_decode.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/ncu_decode_source.csv" 2>&1
+    grep -iE "stall" "$OUT/ncu_decode_raw.csv" | head -3 | cut -c1-300
+  fi
   echo "profile done [$(( $(date +%s) - t0 )) s]: $(grep -cE 'Duration|Memory Throughput' "$OUT/ncu_decode.txt" 2>/dev/null) metric lines"
   grep -E "paged_attention_decode|^ +(Duration|DRAM Throughput|Registers Per|Achieved Active Warps|Issue Slots Busy|Warp Cycles Per Issued|Stall (Long|Short|Wait|Barrier|Math|MIO|Not Sel|LG))" \
     "$OUT/ncu_decode.txt" | head -40

@@ -70,7 +70,8 @@ DECODE_VARIANTS = ("auto", "per_head", "paged")
 DEFAULT_DECODE_VARIANT = "auto"
 #: "auto" picks the paged kernel for these formats when (decode sequences × KV heads) reaches
 #: this many SMs' worth of work (measured on the H200: docs/perf-notes.md, paged decode v2)
-AUTO_PAGED_MIN_SM_FRACTION = {"int8_per_token_head": 1.0, "fp8_per_token_head": 1.0, "nvfp4": 2.0}
+AUTO_PAGED_MIN_SM_FRACTION = {"int8_per_token_head": 1.0, "fp8_per_token_head": 1.0,
+                              "int4_per_token_head": 1.0, "nvfp4": 2.0}
 PG_MAXW = 8                 # column groups (warps) per CTA of the paged decode kernel
 PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_attention.cu)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
