@@ -224,12 +224,18 @@ __device__ __forceinline__ void finish_column(
 }
 
 // ---- paged_attention_decode: per-warp tile in the S = Q·K^T orientation
-// The raw bytes of one 16-token tile as a thread of paged_attention_decode holds them:
-// TileRaw (V tokens pv_token(c, 0..3)) plus one parameter word per lane (int4/
-// int8/fp8: token lane & 15 of side lane >> 4, handed to the lanes that need it by shuffles).
+// The raw bytes of one 16-token tile as a thread of a decode warp holds them: TileRaw plus the
+// int4/int8/fp8 parameter words (scale, zero point) of the thread's tokens pv_token(c, 0..3):
+//   * per-head kernel (PAR_LOADED false): one word per lane, `par` = token lane & 15 of side
+//     lane >> 4, handed to the lanes that need it by 8 shuffles (token_scores);
+//   * paged kernel (PAR_LOADED true): kp[i] / vp[i] = the K / V words of token pv_token(c, i),
+//     read straight from the staged page (8 loads, a quad's lanes share each word: no
+//     shuffles and no shuffle-lane arithmetic).
+// Unused members cost nothing (the compiler drops them).
 template <int FMT, int D>
 struct HeadRaw : TileRaw<FMT, D> {
   uint32_t par;
+  uint32_t kp[4], vp[4];
 };
 
 template <bool B> struct MaskTag { static constexpr bool value = B; };
@@ -323,12 +329,13 @@ __device__ __forceinline__ void qk_scores(const TileRaw<FMT, D>& r, const uint32
 }
 
 // Scores of tokens tt[i] (log2 domain, scaled; -inf where masked) and their V scale / zero
-// point, from the per-token parameter words (lanes tt[i] and 16 + tt[i] hold them).
+// point, from the per-token parameter words (HeadRaw: shuffled from lanes tt[i] and 16 + tt[i],
+// or loaded by this lane when PAR_LOADED).
 // MASKED: the tile may hold positions past L, after a query position or outside the window
 // (the other tiles skip every bounds and mask test).
-template <int FMT, bool MASKED>
-__device__ __forceinline__ void token_scores(const float (&s)[4], uint32_t par, int p0, float qsum, float qoff,
-                                             float cs, float kc, int qpos, int L, int window, int c,
+template <int FMT, int D, bool MASKED, bool PAR_LOADED>
+__device__ __forceinline__ void token_scores(const float (&s)[4], const HeadRaw<FMT, D>& r, int p0, float qsum,
+                                             float qoff, float cs, float kc, int qpos, int L, int window, int c,
                                              float (&x)[4], float (&vsc)[4], float (&vzp)[4]) {
   const int tt[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
 #pragma unroll
@@ -336,8 +343,8 @@ __device__ __forceinline__ void token_scores(const float (&s)[4], uint32_t par, 
     float ksc = 1.f, koff = 0.f;
     vsc[i] = 1.f; vzp[i] = 0.f;
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-      const uint32_t wk = __shfl_sync(0xffffffffu, par, tt[i]);
-      const uint32_t wv = __shfl_sync(0xffffffffu, par, 16 + tt[i]);
+      const uint32_t wk = PAR_LOADED ? r.kp[i] : __shfl_sync(0xffffffffu, r.par, tt[i]);
+      const uint32_t wv = PAR_LOADED ? r.vp[i] : __shfl_sync(0xffffffffu, r.par, 16 + tt[i]);
       if constexpr (FMT == INT4) {
         ksc = __uint_as_float(wk & ~0xFu);
         koff = static_cast<float>(wk & 0xFu);
@@ -411,7 +418,7 @@ __device__ __forceinline__ void pack_p(const float (&e)[4], const float (&vsc)[4
 
 // One tile: S, scores, softmax update, O^T += V^T·P^T (paged_attention_decode, and the paged
 // kernel's odd last tile).
-template <int FMT, int D, typename T, bool MASKED>
+template <int FMT, int D, typename T, bool MASKED, bool PAR_LOADED = false>
 __device__ __forceinline__ void head_tile_math(
     const HeadRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m, float& l, float& z,
     const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc, int qpos,
@@ -424,7 +431,7 @@ __device__ __forceinline__ void head_tile_math(
   tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
   float s[4], x[4], vsc[4], vzp[4], e[4];
   qk_scores<FMT, D, T>(r, qa, sfk_g, sfk_g8, mlo, mhi, s);
-  token_scores<FMT, MASKED>(s, r.par, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
+  token_scores<FMT, D, MASKED, PAR_LOADED>(s, r, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
   online_softmax<4, D>(x, m, l, z, acc, c, e);
   uint32_t pb0, pb1;
   pack_p<FMT, D, T>(e, vsc, vzp, z, pb0, pb1);
@@ -435,7 +442,7 @@ __device__ __forceinline__ void head_tile_math(
 // S = Q·K^T chains of both tiles are independent (the scheduler overlaps them), and the max
 // reduction, rescale vote and exp2 run once per 32 tokens. Same results as two head_tile_math
 // calls up to float32 rounding (the running max is taken over both tiles at once).
-template <int FMT, int D, typename T, bool MASKED>
+template <int FMT, int D, typename T, bool MASKED, bool PAR_LOADED = false>
 __device__ __forceinline__ void head_tile_pair(
     const HeadRaw<FMT, D>& ra, const HeadRaw<FMT, D>& rb, int p0, float (&acc)[D / 16][4], float& m,
     float& l, float& z, const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc,
@@ -451,8 +458,9 @@ __device__ __forceinline__ void head_tile_pair(
   qk_scores<FMT, D, T>(ra, qa, sfk_a, sfk_a8, mlo, mhi, sa);
   qk_scores<FMT, D, T>(rb, qa, sfk_b, sfk_b8, mlo, mhi, sb);
   float xa[4], xb[4];
-  token_scores<FMT, MASKED>(sa, ra.par, p0, qsum, qoff, cs, kc, qpos, L, window, c, xa, vsc_a, vzp_a);
-  token_scores<FMT, MASKED>(sb, rb.par, p0 + 16, qsum, qoff, cs, kc, qpos, L, window, c, xb, vsc_b, vzp_b);
+  token_scores<FMT, D, MASKED, PAR_LOADED>(sa, ra, p0, qsum, qoff, cs, kc, qpos, L, window, c, xa, vsc_a, vzp_a);
+  token_scores<FMT, D, MASKED, PAR_LOADED>(sb, rb, p0 + 16, qsum, qoff, cs, kc, qpos, L, window, c, xb, vsc_b,
+                                           vzp_b);
 #pragma unroll
   for (int i = 0; i < 4; ++i) { x[i] = xa[i]; x[4 + i] = xb[i]; }
   online_softmax<8, D>(x, m, l, z, acc, c, e);
@@ -959,6 +967,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   uint32_t kof[KW];   // per-lane offsets of the K words in the read order
 #pragma unroll
   for (int i = 0; i < KW; ++i) kof[i] = of.kg + 16u * ((i + krot) % KW);
+  // the K parameter word of token t4[0] (the V one is a side further, token t4[i] 4i·HR further)
+  const uint32_t pk0 = (t4[0] * H + kvh) * TR::ROW + ((FMT == INT4) ? D / 2 : D);
   // This thread's raw words of chunk j of a staged buffer; MK: zeros past L.
   auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
@@ -981,10 +991,16 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       smem_words<TR::VB, TR::ALIGN>(base + of.v[3], r.v3, !MK || p0 + t4[3] < L);
     }
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
-      const uint32_t w = *reinterpret_cast<const uint32_t*>(base + of.par);
-      r.par = (!MK || p0 + (lane & 15) < L) ? w : 0u;
-    } else {
-      r.par = 0u;
+      // the K / V parameter words of tokens t4[i] = t4[0] + 4i (PAR_LOADED); zeros past L (a
+      // row there may hold anything, e.g. an invalid row's NaN scale: 0·NaN would poison P')
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const bool ok = !MK || p0 + t4[i] < L;
+        const uint32_t wk = *reinterpret_cast<const uint32_t*>(base + pk0 + 4 * i * HR);
+        const uint32_t wv = *reinterpret_cast<const uint32_t*>(base + pk0 + side_sm + 4 * i * HR);
+        r.kp[i] = ok ? wk : 0u;
+        r.vp[i] = ok ? wv : 0u;
+      }
     }
     if constexpr (FMT == NVFP4) {
       const uint8_t* sb = sbuf + j * 16 * H * S;
@@ -1020,12 +1036,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       if (ch >= tf0 && ch + 1 < tf1) {
         fill(ra, sbuf, 0, p0, MaskTag<false>{});
         fill(rb, sbuf, 1, p0 + 16, MaskTag<false>{});
-        head_tile_pair<FMT, D, T, false>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+        head_tile_pair<FMT, D, T, false, true>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                          mlo, mhi, lane);
       } else {
         fill(ra, sbuf, 0, p0, MaskTag<true>{});
         fill(rb, sbuf, 1, p0 + 16, MaskTag<true>{});
-        head_tile_pair<FMT, D, T, true>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+        head_tile_pair<FMT, D, T, true, true>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                         mlo, mhi, lane);
       }
     } else
@@ -1038,11 +1054,11 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         Raw r;
         if (ch >= tf0 && ch < tf1) {
           fill(r, sbuf, j, p0, MaskTag<false>{});
-          head_tile_math<FMT, D, T, false>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+          head_tile_math<FMT, D, T, false, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                            mlo, mhi, lane);
         } else {
           fill(r, sbuf, j, p0, MaskTag<true>{});
-          head_tile_math<FMT, D, T, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
+          head_tile_math<FMT, D, T, true, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                           mlo, mhi, lane);
         }
       }
