@@ -47,7 +47,7 @@ __device__ __forceinline__ int pv_token(int c, int i) { return c + 4 * i; }
 
 // Raw bytes of one 16-token tile as a thread of a decode warp holds them (lane = 4g + c):
 // K rows of tokens k_token(g) and k_token(g)+8 (KB bytes of the code part: words c, c+4, …
-// for int4/int8/fp8, RowWords in attention_common.cuh; bytes from c·KB otherwise), V rows of
+// for int4/int8, RowWords in attention_common.cuh; bytes from c·KB otherwise), V rows of
 // tokens pv_token(c, 0..3) (VB bytes: words g, g+8, … or bytes from g·VB) and the nvfp4
 // scales. The int4/int8/fp8 parameter words are added by HeadRaw below.
 template <int FMT, int D>
@@ -253,8 +253,8 @@ struct HeadOffsets {
 // into a side: K rows of tokens k_token(g), k_token(g) + 8 (first word), V rows of tokens
 // pv_token(c, 0..3) (first word), the parameter word of token lane & 15 on side lane >> 4,
 // nvfp4 scale bytes. The per-head kernel passes a cache slab, the paged kernel a staged side
-// in shared memory (same formulas). int4/int8/fp8 rows are read as interleaved words
-// (RowWords: K words c + 4i, V words g + 8i), nvfp4/auto as KB / VB consecutive bytes.
+// in shared memory (same formulas). int4/int8 rows are read as interleaved words
+// (RowWords: K words c + 4i, V words g + 8i), fp8/nvfp4/auto as KB / VB consecutive bytes.
 template <int FMT, int D>
 __device__ __forceinline__ void head_offsets(HeadOffsets<FMT, D>& of, int g, int c, int lane, int kvh, int H,
                                              int side, int sbase, int swizzle_v) {
@@ -944,20 +944,21 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
   Off of;
   head_offsets<FMT, D>(of, g, c, lane, kvh, H, side_sm, sc0, swizzle_v);
-  // Bank-conflict-free row reads (interleaved words, RowWords; int8/fp8): the lanes g and g ^ 1
+  // Bank-conflict-free row reads (interleaved words, RowWords; int8): the lanes g and g ^ 1
   // read K rows 4 tokens apart (k_token), which share banks when H·ROW ≡ 8 words (mod 32) —
   // 8 KV heads at d = 128 — so the second of two lanes whose first K words share a bank reads
   // its words in the order 1, 2, …, 0 (smem_words_rot1). The V rows need nothing (pv_token).
   // Any rotation is correct; other head counts may keep some conflicts. Measured (H200,
   // B = 32 × 8k, docs/perf-notes.md session 4): shared-load conflicts of the int4 kernel
-  // 5.2 M -> 0.97 M, but time within ±1.5 % for every format: int8/fp8 take it (-1.7 %),
-  // int4 does not (its 8 selects per tile cost +1.3 %). KVLAB_PAGED_NOROT turns it off.
+  // 5.2 M -> 0.97 M, but time within ±1.5 % for every format: int8 takes it (-1.7 %), int4
+  // does not (its 8 selects per tile cost +1.3 %; fp8 reads contiguous rows, RowWords).
+  // KVLAB_PAGED_NOROT turns it off.
   constexpr int KW = TR::KB / 4;
   constexpr bool IL = RowWords<FMT>::INTERLEAVED;
 #ifdef KVLAB_PAGED_NOROT
   constexpr bool ROT = false;
 #else
-  constexpr bool ROT = FMT == INT8 || FMT == FP8;
+  constexpr bool ROT = IL && FMT == INT8;
 #endif
   int krot = 0;
   if constexpr (ROT) {
