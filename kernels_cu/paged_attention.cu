@@ -74,7 +74,8 @@ __device__ __forceinline__ uint32_t pick_word(const uint32_t (&a)[N], int idx) {
 
 // nvfp4 group scales of a tile (fp16x2 of sf·2^7, both halves equal): K of the thread's two K
 // tokens for the NGK groups of its K bytes (lane c), V of the token pairs (pv_token(c, 0),
-// pv_token(c, 1)) and (pv_token(c, 2), pv_token(c, 3)). Zeros for the other formats (the operands ignore them). Both tile maths.
+// pv_token(c, 1)) and (pv_token(c, 2), pv_token(c, 3)). Zeros for the other formats (the
+// operands ignore them). Both tile maths.
 template <int FMT, int D>
 __device__ __forceinline__ void tile_scales(
     const TileRaw<FMT, D>& r, int c, uint32_t (&sfk_g)[TileRaw<FMT, D>::NGK],
@@ -401,7 +402,8 @@ __device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, fl
 }
 
 // P' = P · (V scale of the token), rounded to the P·V operand type: the B fragment (pb0: tokens
-// pv_token(c, 0..1), pb1: pv_token(c, 2..3)); int4: z += Σ_t P'_t·(128 + zp_t), from the rounded P' the mma sees.
+// pv_token(c, 0..1), pb1: pv_token(c, 2..3)); int4: z += Σ_t P'_t·(128 + zp_t), from the
+// rounded P' the mma sees.
 template <int FMT, int D, typename T>
 __device__ __forceinline__ void pack_p(const float (&e)[4], const float (&vsc)[4], const float (&vzp)[4], float& z,
                                        uint32_t& pb0, uint32_t& pb1) {
