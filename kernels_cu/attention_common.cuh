@@ -69,6 +69,85 @@ template <> struct Mma<__nv_bfloat16> {
   }
 };
 
+// ---------------------------------------------------------------- integer Q·K (int4, int8 decode)
+// The decode kernels compute S = Q·K^T of int4 (and, as an option, int8) caches on the
+// integer tensor cores: the cache codes are the B operand as they are stored (int8 bytes; int4
+// nibbles split into bytes with one mask each), and the query is a 16-bit fixed-point vector
+// (per column: q ≈ δ·q̂, δ = max|q| / Q_FIX, q̂ = RN(q/δ) ∈ [-Q_FIX, Q_FIX]) held as two
+// signed bytes, q̂ = 256·hi + lo (hi = ⌊(q̂ + 128) / 256⌋ ∈ [-127, 127], lo ∈ [-128, 127]),
+// hi limbs in rows g, lo limbs in rows g + 8 of the A operand (imma_dim gives the dim order).
+// Products and sums are exact in int32 (|Σ q̂·c| ≤ D·Q_FIX·128 = 1.07e9 < 2^31 at D = 256 for
+// int8, ·15 for int4), so the only rounding of Q·K is q → q̂ (error ≤ δ/2 per
+// element, i.e. 2^-16 of the column's largest element; fp16 operands round each element to
+// 2^-12 of itself) and the float32 conversion of the integer sum. int4's zero point is exact
+// too: Σ q̂·(c − z) = Σ q̂·c − z·Σ q̂, all integers.
+// On by default for int4 (measured faster on the H200, docs/perf-notes.md session 5);
+// -DKVLAB_DECODE_FP16_QK turns it off, -DKVLAB_DECODE_IMMA_INT8 turns it on for int8.
+template <int FMT> struct ImmaQK {
+#ifdef KVLAB_DECODE_FP16_QK
+  static constexpr bool value = false;
+#elif defined(KVLAB_DECODE_IMMA_INT8)
+  static constexpr bool value = (FMT == INT4 || FMT == INT8);
+#else
+  static constexpr bool value = (FMT == INT4);
+#endif
+};
+constexpr float Q_FIX = 32639.0f;   // ⌊(Q_FIX + 128) / 256⌋ = 127: hi fits a signed byte
+
+// D += A·B, m16n8k32, A s8 row-major 16x32, B col-major 32x8 of u8 (BU: int4 nibbles) or s8
+// (int8 codes), int32 accumulate. Fragments (g = lane/4, c = lane%4): a[0] = (row g, k 4c..4c+3),
+// a[1] = (row g+8, k 4c..), a[2] = (row g, k 16+4c..), a[3] = (row g+8, k 16+4c..), byte i of a
+// register = k + i; b[0] = (k 4c..4c+3, col g), b[1] = (k 16+4c.., col g); d as Mma.
+template <bool BU>
+__device__ __forceinline__ void imma_s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  if constexpr (BU) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};\n"
+        : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+  }
+}
+
+// Dim of k-index 4c + i (h = 0) or 16 + 4c + i (h = 1) of k-step s (32 dims) in the integer
+// Q·K, for the words thread c owns (RowWords: row words c, c+4, …): int4 word s of the thread,
+// even nibbles (h = 0, `w & 0x0F0F0F0F`) and odd nibbles (h = 1, `(w >> 4) & 0x0F0F0F0F`);
+// int8 the thread's words 2s (h = 0) and 2s + 1 (h = 1) as they are.
+template <int FMT>
+__device__ __forceinline__ int imma_dim(int c, int s, int h, int i) {
+  static_assert(FMT == INT4 || FMT == INT8, "integer Q·K: int4, int8");
+  if constexpr (FMT == INT4) return 8 * (c + 4 * s) + 2 * i + h;
+  else return 4 * (c + 4 * (2 * s + h)) + i;
+}
+
+// The A registers of the integer Q·K for column row `qrow` (16-bit entries hi << 8 | lo as
+// stage_query_column writes them) and thread c: k-step s -> qa[2s][0] (hi, h = 0),
+// qa[2s][1] (lo, h = 0), qa[2s + 1][0] (hi, h = 1), qa[2s + 1][1] (lo, h = 1).
+template <int FMT, int D>
+__device__ __forceinline__ void imma_query_regs(const uint16_t* qrow, int c, uint32_t (&qa)[D / 16][2]) {
+#pragma unroll
+  for (int s = 0; s < D / 32; ++s)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      uint32_t hi = 0u, lo = 0u;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint32_t v = qrow[imma_dim<FMT>(c, s, h, i)];
+        hi |= (v >> 8) << (8 * i);
+        lo |= (v & 0xFFu) << (8 * i);
+      }
+      qa[2 * s + h][0] = hi;
+      qa[2 * s + h][1] = lo;
+    }
+}
+
 // ---------------------------------------------------------------- 16-bit packing
 template <typename CT> __device__ __forceinline__ uint16_t bits16(float x);
 template <> __device__ __forceinline__ uint16_t bits16<__half>(float x) {

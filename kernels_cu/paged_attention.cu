@@ -145,6 +145,38 @@ __device__ __forceinline__ void stage_query_column(
   const int qhead = qhead0 + n % hpc;
   float x[E];
   const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
+  if constexpr (ImmaQK<FMT>::value) {
+    // integer Q·K (attention_common.cuh, ImmaQK): q̂ = RN(q / δ) as limbs hi << 8 | lo; qsum
+    // holds Σ q̂ (an int, bit-cast), cscale the softmax scale times δ. A non-finite element makes
+    // δ NaN (every score NaN, as the fp16 operands propagate it).
+    float amax = 0.f;
+    bool bad = false;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      amax = fmaxf(amax, fabsf(x[j]));
+      bad |= !(fabsf(x[j]) <= 3.402823466e38f);
+    }
+    amax = warp_max(amax);
+    bad = __any_sync(0xffffffffu, bad);
+    // q/δ as (q·(1/max))·Q_FIX: Q_FIX/max would overflow for max below ~1e-34
+    const float inv = amax > 0.f ? 1.f / amax : 0.f;
+    int si = 0;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const int qi = bad ? 0 : __float2int_rn(x[j] * inv * Q_FIX);
+      const int hi = (qi + 128) >> 8;
+      qrow[lane * E + j] = static_cast<uint16_t>((hi << 8) | ((qi - (hi << 8)) & 0xFF));
+      si += qi;
+    }
+    si = __reduce_add_sync(0xffffffffu, si);
+    if (lane == 0) {
+      *qsum = __int_as_float(si);
+      *qoff = 0.f;
+      *cscale = bad ? __uint_as_float(0x7fc00000u) : scale_log2 * (amax / Q_FIX);
+      *qpos = valid ? (L - Lq + tok) : -1;
+    }
+    return;
+  }
   float s = 0.f, so = 0.f;
 #pragma unroll
   for (int j = 0; j < E; ++j) {
@@ -329,19 +361,48 @@ __device__ __forceinline__ void qk_scores(const TileRaw<FMT, D>& r, const uint32
   s[0] = sle[0] + slo[2]; s[1] = sle[1] + slo[3]; s[2] = she[0] + sho[2]; s[3] = she[1] + sho[3];
 }
 
+// S = Q·K^T of one tile on the integer tensor cores (ImmaQK): I[i] = Σ_d q̂_d·code_d of column g
+// and token pv_token(c, i) (tokens k_token(n) in n-tile 0 from the thread's K row ka, + 8 from
+// kb), the hi and lo limb sums (rows g, g + 8) combined as 256·hi + lo.
+template <int FMT, int D>
+__device__ __forceinline__ void qk_scores_imma(const TileRaw<FMT, D>& r, const uint32_t (&qa)[D / 16][2],
+                                               int (&I)[4]) {
+  // four accumulator chains (n-tile × k-step parity): a single chain per n-tile serializes the
+  // mma latencies (int8 paged, H200: 0.1762 -> 0.1874 ms with two chains)
+  int ca[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}}, cb[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+  for (int s = 0; s < D / 32; ++s) {
+    const uint32_t a0 = qa[2 * s][0], a1 = qa[2 * s][1], a2 = qa[2 * s + 1][0], a3 = qa[2 * s + 1][1];
+    if constexpr (FMT == INT4) {
+      imma_s8<true>(ca[s & 1], a0, a1, a2, a3, r.ka[s] & 0x0F0F0F0Fu, (r.ka[s] >> 4) & 0x0F0F0F0Fu);
+      imma_s8<true>(cb[s & 1], a0, a1, a2, a3, r.kb[s] & 0x0F0F0F0Fu, (r.kb[s] >> 4) & 0x0F0F0F0Fu);
+    } else {
+      imma_s8<false>(ca[s & 1], a0, a1, a2, a3, r.ka[2 * s], r.ka[2 * s + 1]);
+      imma_s8<false>(cb[s & 1], a0, a1, a2, a3, r.kb[2 * s], r.kb[2 * s + 1]);
+    }
+  }
+  I[0] = (ca[0][0] + ca[1][0]) * 256 + (ca[0][2] + ca[1][2]);
+  I[1] = (ca[0][1] + ca[1][1]) * 256 + (ca[0][3] + ca[1][3]);
+  I[2] = (cb[0][0] + cb[1][0]) * 256 + (cb[0][2] + cb[1][2]);
+  I[3] = (cb[0][1] + cb[1][1]) * 256 + (cb[0][3] + cb[1][3]);
+}
+
 // Scores of tokens tt[i] (log2 domain, scaled; -inf where masked) and their V scale / zero
 // point, from the per-token parameter words (HeadRaw: shuffled from lanes tt[i] and 16 + tt[i],
 // or loaded by this lane when PAR_LOADED).
 // MASKED: the tile may hold positions past L, after a query position or outside the window
 // (the other tiles skip every bounds and mask test).
-template <int FMT, int D, bool MASKED, bool PAR_LOADED>
-__device__ __forceinline__ void token_scores(const float (&s)[4], const HeadRaw<FMT, D>& r, int p0, float qsum,
+// SV: float (the fp16 mma's raw dot products) or int (qk_scores_imma's sums: cs includes δ and
+// qsum is Σ q̂ bit-cast).
+template <int FMT, int D, bool MASKED, bool PAR_LOADED, typename SV>
+__device__ __forceinline__ void token_scores(const SV (&s)[4], const HeadRaw<FMT, D>& r, int p0, float qsum,
                                              float qoff, float cs, float kc, int qpos, int L, int window, int c,
                                              float (&x)[4], float (&vsc)[4], float (&vzp)[4]) {
   const int tt[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     float ksc = 1.f, koff = 0.f;
+    int kz = 0;   // int4 K zero point (integer Q·K)
     vsc[i] = 1.f; vzp[i] = 0.f;
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
       const uint32_t wk = PAR_LOADED ? r.kp[i] : __shfl_sync(0xffffffffu, r.par, tt[i]);
@@ -349,6 +410,7 @@ __device__ __forceinline__ void token_scores(const float (&s)[4], const HeadRaw<
       if constexpr (FMT == INT4) {
         ksc = __uint_as_float(wk & ~0xFu);
         koff = static_cast<float>(wk & 0xFu);
+        kz = static_cast<int>(wk & 0xFu);
         vsc[i] = __uint_as_float(wv & ~0xFu);
         vzp[i] = 128.f + static_cast<float>(wv & 0xFu);
       } else {
@@ -358,7 +420,10 @@ __device__ __forceinline__ void token_scores(const float (&s)[4], const HeadRaw<
       }
     }
     float v;
-    if constexpr (FMT == INT4) v = (s[i] - fmaf(koff, qsum, qoff)) * (ksc * cs);
+    if constexpr (ImmaQK<FMT>::value && FMT == INT4)
+      v = __int2float_rn(s[i] - kz * __float_as_int(qsum)) * (ksc * cs);
+    else if constexpr (ImmaQK<FMT>::value) v = __int2float_rn(s[i]) * (ksc * cs);
+    else if constexpr (FMT == INT4) v = (s[i] - fmaf(koff, qsum, qoff)) * (ksc * cs);
     else if constexpr (FMT == INT8 || FMT == FP8) v = (s[i] - qoff) * (ksc * cs);
     else v = s[i] * kc;
     if constexpr (MASKED) {
@@ -431,9 +496,16 @@ __device__ __forceinline__ void head_tile_math(
   // nvfp4 group scales (fp16x2 of sf·2^7)
   uint32_t sfk_g[NGK], sfk_g8[NGK], sfv01[NGV], sfv23[NGV];
   tile_scales<FMT, D>(r, c, sfk_g, sfk_g8, sfv01, sfv23);
-  float s[4], x[4], vsc[4], vzp[4], e[4];
-  qk_scores<FMT, D, T>(r, qa, sfk_g, sfk_g8, mlo, mhi, s);
-  token_scores<FMT, D, MASKED, PAR_LOADED>(s, r, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
+  float x[4], vsc[4], vzp[4], e[4];
+  if constexpr (ImmaQK<FMT>::value) {
+    int s[4];
+    qk_scores_imma<FMT, D>(r, qa, s);
+    token_scores<FMT, D, MASKED, PAR_LOADED>(s, r, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
+  } else {
+    float s[4];
+    qk_scores<FMT, D, T>(r, qa, sfk_g, sfk_g8, mlo, mhi, s);
+    token_scores<FMT, D, MASKED, PAR_LOADED>(s, r, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
+  }
   online_softmax<4, D>(x, m, l, z, acc, c, e);
   uint32_t pb0, pb1;
   pack_p<FMT, D, T>(e, vsc, vzp, z, pb0, pb1);
@@ -456,13 +528,23 @@ __device__ __forceinline__ void head_tile_pair(
   uint32_t sfk_b[NGK], sfk_b8[NGK], sfv01_b[NGV], sfv23_b[NGV];
   tile_scales<FMT, D>(ra, c, sfk_a, sfk_a8, sfv01_a, sfv23_a);
   tile_scales<FMT, D>(rb, c, sfk_b, sfk_b8, sfv01_b, sfv23_b);
-  float sa[4], sb[4], x[8], vsc_a[4], vzp_a[4], vsc_b[4], vzp_b[4], e[8];
-  qk_scores<FMT, D, T>(ra, qa, sfk_a, sfk_a8, mlo, mhi, sa);
-  qk_scores<FMT, D, T>(rb, qa, sfk_b, sfk_b8, mlo, mhi, sb);
+  float x[8], vsc_a[4], vzp_a[4], vsc_b[4], vzp_b[4], e[8];
   float xa[4], xb[4];
-  token_scores<FMT, D, MASKED, PAR_LOADED>(sa, ra, p0, qsum, qoff, cs, kc, qpos, L, window, c, xa, vsc_a, vzp_a);
-  token_scores<FMT, D, MASKED, PAR_LOADED>(sb, rb, p0 + 16, qsum, qoff, cs, kc, qpos, L, window, c, xb, vsc_b,
-                                           vzp_b);
+  if constexpr (ImmaQK<FMT>::value) {
+    int sa[4], sb[4];
+    qk_scores_imma<FMT, D>(ra, qa, sa);
+    qk_scores_imma<FMT, D>(rb, qa, sb);
+    token_scores<FMT, D, MASKED, PAR_LOADED>(sa, ra, p0, qsum, qoff, cs, kc, qpos, L, window, c, xa, vsc_a, vzp_a);
+    token_scores<FMT, D, MASKED, PAR_LOADED>(sb, rb, p0 + 16, qsum, qoff, cs, kc, qpos, L, window, c, xb, vsc_b,
+                                             vzp_b);
+  } else {
+    float sa[4], sb[4];
+    qk_scores<FMT, D, T>(ra, qa, sfk_a, sfk_a8, mlo, mhi, sa);
+    qk_scores<FMT, D, T>(rb, qa, sfk_b, sfk_b8, mlo, mhi, sb);
+    token_scores<FMT, D, MASKED, PAR_LOADED>(sa, ra, p0, qsum, qoff, cs, kc, qpos, L, window, c, xa, vsc_a, vzp_a);
+    token_scores<FMT, D, MASKED, PAR_LOADED>(sb, rb, p0 + 16, qsum, qoff, cs, kc, qpos, L, window, c, xb, vsc_b,
+                                             vzp_b);
+  }
 #pragma unroll
   for (int i = 0; i < 4; ++i) { x[i] = xa[i]; x[4 + i] = xb[i]; }
   online_softmax<8, D>(x, m, l, z, acc, c, e);
@@ -533,12 +615,16 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   // out there too: as a shared function it changes that kernel's SASS (register allocation
   // and schedule of all 30 instantiations, NVRTC 13.5, sm_90).
   uint32_t qa[KC][2];
+  if constexpr (ImmaQK<FMT>::value) {
+    imma_query_regs<FMT, D>(q_sm + g * D, c, qa);
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < KC; ++kk)
+    for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
-    for (int p = 0; p < 2; ++p)
-      qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
-                        q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+      for (int p = 0; p < 2; ++p)
+        qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+                          q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+  }
   const float qsum = qsum_sm[g], qoff = qoff_sm[g], cs = cscale_sm[g];
   const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
   const int qpos = qpos_sm[g];
@@ -743,25 +829,55 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   auto slot_of = [&](int p) {
     return (static_cast<size_t>(part0 + p) * gridDim.y + blockIdx.y) * NCOL + n;
   };
-  float M = NEG_BIG;
-  for (int p = lane; p < nparts; p += 32) M = fmaxf(M, ws_ml[2 * slot_of(p)]);
-  M = warp_max(M);
-  float Ls = 0.f;
-  for (int p = lane; p < nparts; p += 32) {
-    const size_t slot = slot_of(p);
-    Ls += ws_ml[2 * slot + 1] * exp2f(ws_ml[2 * slot] - M);
+  // (m, l) of up to 32·PL parts per pass in registers, loaded at once (one round trip per pass
+  // instead of two per 32 parts), merged online across passes
+  constexpr int PL = 8;
+  float M = NEG_BIG, Ls = 0.f;
+  for (int b = 0; b < nparts; b += 32 * PL) {
+    float mm[PL], ll[PL];
+#pragma unroll
+    for (int u = 0; u < PL; ++u) {
+      const int p = b + 32 * u + lane;
+      const float2 v = p < nparts ? *reinterpret_cast<const float2*>(ws_ml + 2 * slot_of(p))
+                                  : make_float2(NEG_BIG, 0.f);
+      mm[u] = v.x;
+      ll[u] = v.y;
+    }
+    float mb = mm[0];
+#pragma unroll
+    for (int u = 1; u < PL; ++u) mb = fmaxf(mb, mm[u]);
+    mb = warp_max(mb);
+    const float mn = fmaxf(M, mb);
+    float lb = 0.f;
+#pragma unroll
+    for (int u = 0; u < PL; ++u) lb += ll[u] * exp2f(mm[u] - mn);
+    Ls = Ls * exp2f(M - mn) + warp_sum(lb);
+    M = mn;
   }
-  Ls = warp_sum(Ls);
+  // the o rows RU parts at a time: all their loads (the part's m and its row piece) are issued
+  // before any is used, so a column costs ~nparts/RU dependent L2 round trips (batch 1 at 128k
+  // has ~250 parts per column: with 4 in flight the merge took tens of µs)
+  constexpr int RU = 8;
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = 0.f;
-#pragma unroll 4
-  for (int p = 0; p < nparts; ++p) {
-    const size_t slot = slot_of(p);
-    const float f = exp2f(ws_ml[2 * slot] - M);
-    const float* o = ws_o + slot * D + lane * E;
+  for (int p0 = 0; p0 < nparts; p0 += RU) {
+    float mp[RU], o[RU][E];
 #pragma unroll
-    for (int j = 0; j < E; ++j) x[j] += o[j] * f;
+    for (int u = 0; u < RU; ++u) {
+      const bool in = p0 + u < nparts;
+      const size_t slot = slot_of(in ? p0 + u : p0);
+      mp[u] = in ? ws_ml[2 * slot] : NEG_BIG;
+      const float* src = ws_o + slot * D + lane * E;
+#pragma unroll
+      for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < RU; ++u) {
+      const float f = exp2f(mp[u] - M);   // 0 for the padding parts (NEG_BIG - M)
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] += o[u][j] * f;
+    }
   }
   const float inv = Ls > 0.f ? 1.f / Ls : 0.f;
 #pragma unroll
@@ -874,12 +990,16 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
   // packs it (written out in both kernels: see the note there)
   uint32_t qa[KC][2];
+  if constexpr (ImmaQK<FMT>::value) {
+    imma_query_regs<FMT, D>(q_sm + g * D, c, qa);
+  } else {
 #pragma unroll
-  for (int kk = 0; kk < KC; ++kk)
+    for (int kk = 0; kk < KC; ++kk)
 #pragma unroll
-    for (int p = 0; p < 2; ++p)
-      qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
-                        q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+      for (int p = 0; p < 2; ++p)
+        qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+                          q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+  }
   const float qsum = qsum_sm[warp][g], qoff = qoff_sm[warp][g], cs = cscale_sm[warp][g];
   const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
   const int qpos = qpos_sm[warp][g];
