@@ -14,6 +14,13 @@
 //         4 lanes), group amax without shuffles.
 //   int4: Int4Geometry — up to 32 elements per lane as 16-byte chunks (bf16 d=128: 4 lanes ×
 //         4 chunks), so the RHT runs mostly in registers (wht_chunked: 2 shuffle stages).
+//         16-bit input at d = 128 (the default, "MMA8"): the same geometry, 8 rows per warp, the
+//         RHT's H_16 stage on tensor cores with two groups of a row per mma (rht_mma8_row,
+//         int4_write_mma.cuh), then H_8 in registers; 80 registers. Measured on the H200: 0.74
+//         of copy against 0.60 for the all-CUDA-core path (docs/perf-notes.md, session 5), which
+//         -DKVLAB_INT4_WRITE_CUDA_CORES keeps for A/B. -DKVLAB_INT4_WRITE_MMA (experiment,
+//         16-bit input, d = 64 and 128, measured slower: 0.56): a warp per 16 rows
+//         (reshape_and_cache_int4_mma). docs/notes-int4-write-mma.md.
 // At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
 // ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
 // adds instead), no per-element IEEE division (nvfp4: a 2-instruction exact division by an
@@ -47,6 +54,17 @@
 #include "common.cuh"
 #include "fp_codecs.cuh"
 #include "hadamard.cuh"
+// int4 write variant: MMA8 unless the CUDA-core path or the 16-row experiment is asked for
+// (-DKVLAB_INT4_WRITE_MMA8, the session-5 A/B name of the default, is accepted as well)
+#if (defined(KVLAB_INT4_WRITE_MMA) + defined(KVLAB_INT4_WRITE_CUDA_CORES) + defined(KVLAB_INT4_WRITE_MMA8)) > 1
+#error "KVLAB_INT4_WRITE_MMA, KVLAB_INT4_WRITE_CUDA_CORES, KVLAB_INT4_WRITE_MMA8: one int4 write variant at a time"
+#endif
+#if !defined(KVLAB_INT4_WRITE_MMA) && !defined(KVLAB_INT4_WRITE_CUDA_CORES) && !defined(KVLAB_INT4_WRITE_MMA8)
+#define KVLAB_INT4_WRITE_MMA8
+#endif
+#if defined(KVLAB_INT4_WRITE_MMA) || defined(KVLAB_INT4_WRITE_MMA8)
+#include "int4_write_mma.cuh"
+#endif
 #include "quant_formats.cuh"
 
 namespace {
@@ -441,6 +459,34 @@ template <int D, typename T> struct Int4Geometry {
   static_assert(NC >= 1 && EPT % VEC == 0, "whole 16-byte chunks per lane");
 };
 
+#if defined(KVLAB_INT4_WRITE_MMA)
+// int4 with the tensor-core RHT (-DKVLAB_INT4_WRITE_MMA, int4_write_mma.cuh): the 4 lanes of a
+// quad hold a row as chunks of 8 16-bit elements, chunk c of lane l covering [32c + 8l, … + 8) —
+// the A-fragment loads and the layout the H_NA stage leaves the outputs in. At d = 128 this is
+// Int4Geometry<128, bf16/fp16> exactly; at d = 64 it is 4 lanes × 16 (Int4Geometry: 2 × 32).
+template <int D, typename T> struct Int4QuadGeometry {
+  static_assert(sizeof(T) == 2, "16-bit input");
+  static constexpr int VEC = 8;
+  static constexpr int LANES = 4;
+  static constexpr int EPT = D / LANES;
+  static constexpr int NC = EPT / VEC;
+  static_assert(NC >= 1 && NC * VEC * LANES == D, "whole 16-byte chunks per lane");
+  // the tensor-core layout must be this chunked layout at both ends: loads (load_kv_chunks, the
+  // rare path) and the tail (quantize_store_int4) address elements through VEC and LANES
+  static constexpr bool mma_layout_matches() {
+    for (int L = 0; L < NC; ++L)
+      for (int c = 0; c < LANES; ++c)
+        for (int m = 0; m < VEC; ++m)
+          if (mma_in_elem(L, c, m) != L * VEC * LANES + c * VEC + m) return false;
+    for (int s = 0; s < EPT; ++s)
+      for (int c = 0; c < LANES; ++c)
+        if (mma_out_elem(s, c) != (s / VEC) * VEC * LANES + c * VEC + s % VEC) return false;
+    return true;
+  }
+  static_assert(mma_layout_matches(), "int4_write_mma.cuh's [layout] functions vs the chunked layout");
+};
+#endif
+
 template <typename T> struct Pair {  // float32: only MAX is used
   static constexpr float MAX = 3.402823466e38f;
 };
@@ -502,6 +548,34 @@ __device__ __forceinline__ void round_minmax(float (&x)[EPT], float& mn, float& 
   }
 }
 
+// round_minmax in two halves, the same instructions (16-bit T): round and pack pairs now, min/max
+// and the floats back later. The tensor-core path rounds both of a lane's rows right after the
+// rotation, so a row waiting for its turn holds EPT/2 registers instead of EPT.
+template <typename T, int EPT>
+__device__ __forceinline__ void round_pack(const float (&x)[EPT], typename Pair<T>::V (&p)[EPT / 2]) {
+#pragma unroll
+  for (int j = 0; j < EPT / 2; ++j) p[j] = Pair<T>::pack(x[2 * j], x[2 * j + 1]);
+}
+template <typename T, int EPT>
+__device__ __forceinline__ void minmax_unpack(const typename Pair<T>::V (&p)[EPT / 2], float (&x)[EPT], float& mn,
+                                              float& mx) {
+  using P = Pair<T>;
+  typename P::V vmin = p[0], vmax = p[0];
+#pragma unroll
+  for (int j = 0; j < EPT / 2; ++j) {
+    if (j > 0) {
+      vmin = __hmin2_nan(vmin, p[j]);
+      vmax = __hmax2_nan(vmax, p[j]);
+    }
+    const float2 f = P::unpack(p[j]);
+    x[2 * j] = f.x;
+    x[2 * j + 1] = f.y;
+  }
+  const float2 a = P::unpack(vmin), b = P::unpack(vmax);
+  mn = fmin_nan(a.x, a.y);
+  mx = fmax_nan(b.x, b.y);
+}
+
 // int4 codes of one 16-byte chunk (VEC elements at x[c·VEC …]) packed in a word, element j at
 // bits 4j. Each code is (bits(RZ(v + 2^22 + 0.5)) >> 1) minus a constant (round_half_up_bits):
 // the constants of the VEC codes are removed once per word, so packing is one shift-add each.
@@ -524,6 +598,58 @@ __device__ __forceinline__ uint32_t int4_chunk_codes(const float (&x)[EPT], int 
   return VEC == 8 ? w : (w & 0xFFFFu);
 }
 
+// int4_chunk_codes for 8 codes per word with less integer work (used by MMA8, the default at
+// d = 128; the other int4 paths keep int4_chunk_codes). The same magic
+// add, bits(RZ(v + 2^22 + 0.5)) = 0x4A800000 + m with m = floor(2v + 1) in [0, 31] for v in
+// [-0.5, 15.5) (round_half_up_bits; the caller's no-clamp check or the clamp), but m is not
+// shifted per code: the even elements' m go to the bytes of one word, the odd elements' to
+// another (one LEA each; m < 32 leaves 3 bits of headroom per byte, so no carries), and the word
+// is then ((E >> 1) & 0x0F0F0F0F) | ((O << 3) & 0xF0F0F0F0): code = m >> 1 in the low nibble of
+// byte i for element 2i, in the high nibble for 2i + 1 (the dropped bit of m, and the bit shifted
+// in from the next byte, fall outside the masks). Per code: FMUL, FADD, FADD.RZ and 1 + 3/8
+// integer instructions (int4_chunk_codes: ~2.5). tests/test_int4_write_variants.py emulates it
+// on every tie of [-0.5, 15.5), its neighbours and random values.
+template <bool CLAMP, int EPT>
+__device__ __forceinline__ uint32_t int4_chunk_codes_bytes(const float (&x)[EPT], int c, const Int4Params& p) {
+  constexpr uint32_t B = 0x4A800000u;  // bits(2^22)
+  constexpr uint32_t BIAS = B + (B << 8) + (B << 16) + (B << 24);
+  uint32_t e = 0u - BIAS, o = 0u - BIAS;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    float v = __fadd_rn(__fmul_rn(x[c * 8 + j], p.inv_scale), p.zp);
+    if constexpr (CLAMP) v = fminf(fmaxf(v, 0.0f), 15.0f);
+    const uint32_t t = __float_as_uint(__fadd_rz(v, 4194304.5f));
+    if (j & 1) o += t << (8 * (j >> 1));
+    else e += t << (8 * (j >> 1));
+  }
+  return ((e >> 1) & 0x0F0F0F0Fu) | ((o << 3) & 0xF0F0F0F0u);
+}
+
+#if defined(KVLAB_INT4_WRITE_MMA8)
+// int4_qparams (quant_formats.cuh) with the zero point's division -mn / scale as Markstein's
+// correction from inv_scale = RN(1/scale), which int4_qparams computes anyway (div_rn_by_recip:
+// the correctly rounded quotient in the normal range, 3 FMA-pipe instructions) instead of an IEEE
+// division (~10 with its range check, plus its never-taken slow path). |q0| >= 16 (q0 within an
+// ulp of the quotient, so |quotient| > 15.5) clamps to 0 or 15 by its sign alone: q0 is used
+// there, which also covers a quotient that overflows float32 (q0 = ±inf, where the correction
+// would give NaN). A subnormal quotient flushes to zero either way (its zero point is 0).
+// tests/test_int4_write_variants.py checks it with exact arithmetic against the float32 division.
+__device__ __forceinline__ Int4Params int4_qparams_recip(float mn, float mx) {
+  Int4Params p;
+  const float rng = fminf(__fsub_rn(mx, mn), 3.402823466e38f);
+  p.scale = fmaxf(div_rn_by_recip(rng, 15.0f, 0.06666667014360428f /* RN(1/15) */), 1e-6f);
+  p.inv_scale = __frcp_rn(p.scale);
+  const float x = -mn;
+  const float q0 = __fmul_rn(x, p.inv_scale);
+  const float q = fabsf(q0) < 16.0f ? fmaf(fmaf(-p.scale, q0, x), p.inv_scale, q0) : q0;
+  const float z = fminf(fmaxf(round_half_away(q), 0.0f), 15.0f);
+  p.zp = z;
+  p.word = (__float_as_uint(p.scale) & 0xFFFFFFF0u) | static_cast<uint32_t>(z);
+  return p;
+}
+#endif
+
+
 // int4_per_token_head: x holds s ⊙ (head vector) already (signs applied to the raw loads) in
 // the chunked layout; `src` is this lane's first input element (chunk c at src + c·VEC·LANES,
 // read again only on the rare path). Rotate, round to T, min/max, codes, one 16-byte chunk ->
@@ -539,14 +665,18 @@ __device__ __forceinline__ uint32_t int4_chunk_codes(const float (&x)[EPT], int 
 // rounding, which is the reference's clip-then-round. (Scaling changes nothing else: the same
 // float32 operations on values 2^10 times smaller, except that inputs below 2^-116 flush to
 // zero, which cannot move a code of a vector whose rotation overflowed.)
-template <int D, typename T>
-__device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>::EPT], bool active,
-                                                  int lig, uint8_t* row, const T* src) {
-  using G = Int4Geometry<D, T>;
+//
+// quantize_store_int4 is everything after the rounding: x = the lane's rotated values rounded to
+// T, mn/mx their lane-local min and max (NaN-propagating). G: the lane geometry — Int4Geometry
+// here, Int4QuadGeometry for the tensor-core path (reshape_and_cache_int4_mma), whose rotation
+// differs and whose rare path is this same code.
+// BYTE_CODES (MMA8): codes by int4_chunk_codes_bytes. ZP_RECIP (MMA8): qparams by
+// int4_qparams_recip.
+template <int D, typename T, typename G, bool BYTE_CODES = false, bool ZP_RECIP = false>
+__device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn, float mx, bool active, int lig,
+                                                    uint8_t* row, const T* src) {
   constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
-  wht_chunked<EPT, LANES, VEC>(x, lig);
-  float mn, mx;
-  round_minmax<T, EPT>(x, mn, mx);
+  static_assert(!BYTE_CODES || VEC == 8, "int4_chunk_codes_bytes: 8 codes per word");
   const bool flag = !(__fsub_rn(mx, mn) <= 3.402823466e38f);  // NaN, ±inf or overflow
   const unsigned lane = threadIdx.x & 31u;
   const unsigned gmask = (LANES == 32 ? 0xffffffffu : ((1u << LANES) - 1u)) << (lane & ~(LANES - 1u));
@@ -577,7 +707,11 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
   }
   mn = group_min<LANES>(mn);
   mx = group_max<LANES>(mx);
+#if defined(KVLAB_INT4_WRITE_MMA8)
+  const Int4Params p = ZP_RECIP ? int4_qparams_recip(mn, mx) : int4_qparams(mn, mx);
+#else
   const Int4Params p = int4_qparams(mn, mx);
+#endif
   // codes without the [0, 15] clamp when every v of every vector of the warp lies in
   // [-0.5, 15.5) (v is monotonic in y, so checking mn and mx suffices) — the usual case
   const float vlo = __fadd_rn(__fmul_rn(mn, p.inv_scale), p.zp);
@@ -586,10 +720,16 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
   uint32_t w[NC];
   if (noclamp) {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes<VEC, false>(x, c, p);
+    for (int c = 0; c < NC; ++c) {
+      if constexpr (BYTE_CODES) w[c] = int4_chunk_codes_bytes<false>(x, c, p);
+      else w[c] = int4_chunk_codes<VEC, false>(x, c, p);
+    }
   } else {
 #pragma unroll
-    for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes<VEC, true>(x, c, p);
+    for (int c = 0; c < NC; ++c) {
+      if constexpr (BYTE_CODES) w[c] = int4_chunk_codes_bytes<true>(x, c, p);
+      else w[c] = int4_chunk_codes<VEC, true>(x, c, p);
+    }
   }
   if (bad) {
 #pragma unroll
@@ -605,6 +745,16 @@ __device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>:
     }
   }
   if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = tail;
+}
+
+template <int D, typename T>
+__device__ __forceinline__ void encode_store_int4(float (&x)[Int4Geometry<D, T>::EPT], bool active,
+                                                  int lig, uint8_t* row, const T* src) {
+  using G = Int4Geometry<D, T>;
+  wht_chunked<G::EPT, G::LANES, G::VEC>(x, lig);
+  float mn, mx;
+  round_minmax<T, G::EPT>(x, mn, mx);
+  quantize_store_int4<D, T, G>(x, mn, mx, active, lig, row, src);
 }
 
 // The 2·NC 16-byte loads of one (token, head): chunk c of K at k_row[first + c·CSTRIDE] (k_row:
@@ -641,6 +791,165 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
   encode_store_int4<D, T>(x, active, lig, row, src);
 }
 
+// MMA8 (the default): int4 with 16-bit input at d = 128 rotates on tensor cores with 8 rows
+// per warp (rht_mma8_row, int4_write_mma.cuh) in the base kernel's geometry (Int4Geometry: 4
+// lanes per row, the same loads, the same tail); K then V as there. No host change.
+#if defined(KVLAB_INT4_WRITE_MMA8)
+template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() {
+  return FMT == FMT_INT4 && sizeof(T) == 2 && D == 128;
+}
+template <int D, typename T>
+__device__ __forceinline__ void rotate_encode_store_int4_mma8(const uint4 (&raw)[4], bool active, int lig,
+                                                              uint8_t* row, const T* src) {
+  using G = Int4Geometry<D, T>;
+  uint32_t b[2][2];  // H_16 as the mma's B operand
+  mma_h16_fragments_table<T>(threadIdx.x & 31, b);
+  static_assert(G::LANES == 4 && G::NC == 4 && G::VEC == 8 && G::EPT == 32, "the quad layout of rht_mma8_row");
+  // rounded to T and packed per tile as the rotation hands the tile over (16 words for the row)
+  typename Pair<T>::V pk[G::EPT / 2];
+  rht_mma8_row<T>(raw, b, lig, [&](int tile, const float (&z)[8][2]) {
+#pragma unroll
+    for (int a = 0; a < 8; ++a) pk[mma_out_slot(a, tile, 0) / 2] = Pair<T>::pack(z[a][0], z[a][1]);
+  });
+  static_assert(mma_out_slot(0, 0, 1) == mma_out_slot(0, 0, 0) + 1, "a pair of columns = a pair of elements");
+  float x[G::EPT], mn, mx;
+  minmax_unpack<T, G::EPT>(pk, x, mn, mx);
+  quantize_store_int4<D, T, G, true, true>(x, mn, mx, active, lig, row, src);
+}
+
+// The whole int4 write with rht_mma8_row: the base kernel's rows and lanes (group = thread / 4,
+// lane c of the quad = lig), two changes around the rotation that cut per-thread instructions:
+// the loads address one base pointer with immediate offsets, and the grid tail (token >=
+// num_tokens, the last warp's missing rows) loads the last token's rows (valid memory) instead of
+// zeroing 32 registers — it stores nothing either way (slot -1), and its rare path reads nothing.
+template <int D, typename T>
+__device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict__ key, const T* __restrict__ value,
+                                                            long long key_stride, long long value_stride,
+                                                            uint8_t* __restrict__ cache,
+                                                            const long long* __restrict__ slot_mapping,
+                                                            long long num_tokens, int H, int block_size) {
+  using G = Int4Geometry<D, T>;
+  constexpr int LANES = G::LANES, VEC = G::VEC, NC = G::NC;
+  const int lig = threadIdx.x & (LANES - 1);
+  const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+  const long long token = group / H;
+  const int h = static_cast<int>(group - token * H);
+  const bool valid = token < num_tokens;
+  long long slot = -1;
+  if (valid) slot = slot_mapping[token];
+  const bool active = slot >= 0;
+  const long long tl = valid ? token : num_tokens - 1;  // num_tokens >= 1 (cache.py)
+  const T* ksrc = key + tl * key_stride + h * D + lig * VEC;
+  const T* vsrc = value + tl * value_stride + h * D + lig * VEC;
+  uint4 rk[NC], rv[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {  // chunk c at + c·VEC·LANES elements = c·LANES 16-byte words
+    rk[c] = __ldg(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
+    rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
+  }
+  const long long blk = active ? slot / block_size : 0;
+  const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
+  constexpr long long ROW = row_bytes<FMT_INT4>(D);
+  const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
+  uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
+  rotate_encode_store_int4_mma8<D, T>(rk, active, lig, row_k, ksrc);
+  rotate_encode_store_int4_mma8<D, T>(rv, active, lig, row_k + side_bytes, vsrc);
+}
+#else
+template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() { return false; }
+#endif
+
+#if defined(KVLAB_INT4_WRITE_MMA)
+// -DKVLAB_INT4_WRITE_MMA: int4 with 16-bit input at d = 64 and 128 rotates on tensor cores
+// (int4_write_mma.cuh); every other case keeps the path above. kvlab/cuda/cache.py
+// (`int4_write_mma_enabled`, `_write_lanes`) reads the same switch from the NVRTC options and
+// launches 2 threads per row (a warp per 16 rows) instead of Int4Geometry::LANES.
+template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma() {
+  return FMT == FMT_INT4 && sizeof(T) == 2 && (D == 64 || D == 128);
+}
+
+// int4 write, tensor-core RHT: warp w owns the 16 (token, head) rows 16w … 16w + 15 (row = token·H
+// + h: consecutive heads of a token, then the next token, as K and V lie in memory), lane (g, c)
+// rows g and g + 8 as the quad layout of Int4QuadGeometry. Per side (K, then V, as above: V waits
+// as raw words): rht_mma_rows, both rows rounded to T and packed (round_pack: a row waiting for
+// its turn holds 16 registers, not 32 — the kernel fits in 128), then per row minmax_unpack +
+// quantize_store_int4 (its min/max shuffles and rare path run on the quad). Rows past the end load
+// nothing and store nothing, but their lanes run the mma and the shuffles on zeros; skipped
+// tokens (slot < 0) compute and store nothing.
+// Per lane and side at d = 128: 8 16-byte loads, 16 mma, 192 FADD (H_8), 2 × 4 code words + the
+// scale word of each row.
+template <int D, typename T>
+__device__ __forceinline__ void reshape_and_cache_int4_mma(const T* __restrict__ key, const T* __restrict__ value,
+                                                           long long key_stride, long long value_stride,
+                                                           uint8_t* __restrict__ cache,
+                                                           const long long* __restrict__ slot_mapping,
+                                                           long long num_tokens, int H, int block_size) {
+  using G = Int4QuadGeometry<D, T>;
+  constexpr int NC = G::NC, EPT = G::EPT;
+  const int lane = threadIdx.x & 31, c = lane & 3;
+  const long long warp = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  // rows g and g + 8: one 64-bit division, then h + 8 wraps into the next token(s)
+  long long token[2];
+  int h[2];
+  token[0] = (warp * 16 + (lane >> 2)) / H;
+  h[0] = static_cast<int>(warp * 16 + (lane >> 2) - token[0] * H);
+  const int wrap = (h[0] + 8) / H;
+  token[1] = token[0] + wrap;
+  h[1] = h[0] + 8 - wrap * H;
+  long long slot[2];
+  uint4 rk[2][NC], rv[2][NC];
+  const T* ksrc[2];
+  const T* vsrc[2];
+  bool valid[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    valid[r] = token[r] < num_tokens;
+    slot[r] = valid[r] ? slot_mapping[token[r]] : -1;
+    // the lane's first element; chunk L at + L·VEC·LANES (mma_in_elem, Int4QuadGeometry)
+    ksrc[r] = key + token[r] * key_stride + h[r] * D + mma_in_elem(0, c, 0);
+    vsrc[r] = value + token[r] * value_stride + h[r] * D + mma_in_elem(0, c, 0);
+    load_kv_chunks<NC, G::VEC * G::LANES>(ksrc[r], vsrc[r], 0, valid[r], rk[r], rv[r]);
+  }
+  uint32_t b[2][2];
+  mma_h16_fragments<T>(lane, b);
+  constexpr long long ROW = row_bytes<FMT_INT4>(D);
+  const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
+  bool active[2];
+  uint8_t* row_k[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    active[r] = slot[r] >= 0;
+    const long long blk = active[r] ? slot[r] / block_size : 0;
+    const int t = active[r] ? static_cast<int>(slot[r] - blk * block_size) : 0;
+    row_k[r] = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h[r]) * ROW;
+  }
+#pragma unroll
+  for (int side = 0; side < 2; ++side) {
+    typename Pair<T>::V p[2][EPT / 2];  // both rows rounded to T, packed
+    {
+      float y[2][EPT];
+      rht_mma_rows<D, T>(side == 0 ? rk : rv, b, c, y);
+      round_pack<T, EPT>(y[0], p[0]);
+      round_pack<T, EPT>(y[1], p[1]);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      float x[EPT], mn, mx;
+      minmax_unpack<T, EPT>(p[r], x, mn, mx);
+      quantize_store_int4<D, T, G>(x, mn, mx, active[r], c, row_k[r] + side * side_bytes,
+                                   side == 0 ? ksrc[r] : vsrc[r]);
+    }
+  }
+}
+#endif  // KVLAB_INT4_WRITE_MMA
+template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma_any() {
+#if defined(KVLAB_INT4_WRITE_MMA)
+  return int4_write_uses_mma<FMT, D, T>();
+#else
+  return false;
+#endif
+}
+
 }  // namespace
 
 // key/value: (num_tokens, H, D) with token stride key_stride / value_stride (elements; the
@@ -655,12 +964,26 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
 #else
 #define KVLAB_INT4_WRITE_BLOCKS 2
 #endif
+// the tensor-core int4 path (two rows per lane): see reshape_and_cache_int4_mma
+#define KVLAB_INT4_MMA_WRITE_BLOCKS 2
 template <int FMT, int D, typename T, bool SWIZZLE>
-__global__ void __launch_bounds__(256, (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D >= 64 && D <= 256) ? KVLAB_INT4_WRITE_BLOCKS : 2) reshape_and_cache(
+__global__ void __launch_bounds__(256, int4_write_uses_mma_any<FMT, D, T>() ? KVLAB_INT4_MMA_WRITE_BLOCKS : (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D >= 64 && D <= 256) ? KVLAB_INT4_WRITE_BLOCKS : 2) reshape_and_cache(
     const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
     long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
     long long num_tokens, int H, int block_size, float k_scale, float v_scale) {
   static_assert(!SWIZZLE || FMT == FMT_NVFP4, "the V-scale swizzle is nvfp4's");
+#if defined(KVLAB_INT4_WRITE_MMA8)
+  if constexpr (int4_write_uses_mma8<FMT, D, T>()) {
+    reshape_and_cache_int4_mma8<D, T>(key, value, key_stride, value_stride, cache, slot_mapping, num_tokens, H,
+                                      block_size);
+  } else
+#endif
+#if defined(KVLAB_INT4_WRITE_MMA)
+  if constexpr (int4_write_uses_mma<FMT, D, T>()) {
+    reshape_and_cache_int4_mma<D, T>(key, value, key_stride, value_stride, cache, slot_mapping, num_tokens, H,
+                                     block_size);
+  } else
+#endif
   if constexpr (FMT == FMT_INT4) {
     using G = Int4Geometry<D, T>;
     constexpr int LANES = G::LANES, VEC = G::VEC, NC = G::NC;

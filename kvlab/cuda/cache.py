@@ -13,7 +13,7 @@ from __future__ import annotations
 from .. import arrays, validate
 from ..formats import get_format
 from . import launch as L
-from .loader import KernelSpec, get_kernel, register
+from .loader import KernelSpec, compile_options, get_kernel, register
 
 THREADS = 256
 HEAD_SIZES = (16, 32, 64, 128, 256, 512)
@@ -59,11 +59,46 @@ def _lanes(d: int, itemsize: int) -> int:
     return max(1, min(32, d // (16 // itemsize)))
 
 
+#: the NVRTC macro that switches the int4 write to its tensor-core RHT (kernels_cu/int4_write_mma.cuh)
+INT4_WRITE_MMA_MACRO = "KVLAB_INT4_WRITE_MMA"
+
+
+def int4_write_mma_enabled(options=None) -> bool:
+    """Whether the write kernels are compiled with ``-DKVLAB_INT4_WRITE_MMA``.
+
+    Reads the loader's NVRTC options (``KVLAB_NVRTC_OPTIONS``), or ``options`` (a sequence of
+    option strings) when given. The kernel tests ``#if defined(KVLAB_INT4_WRITE_MMA)``, so any
+    value counts (``-DKVLAB_INT4_WRITE_MMA=0`` too). The switch changes the launch geometry
+    (:func:`_write_lanes`), so set the variable before the first write kernel is compiled in the
+    process and leave it: a module already compiled keeps the options it was compiled with.
+    """
+    opts = compile_options() if options is None else tuple(options)
+    for o in opts:
+        for prefix in ("-D", "--define-macro="):
+            if o.startswith(prefix):
+                name = o[len(prefix):].split("=", 1)[0]
+                if name == INT4_WRITE_MMA_MACRO:
+                    return True
+    return False
+
+
+def int4_write_uses_mma(fmt_name: str, d: int, itemsize: int, enabled: bool | None = None) -> bool:
+    """Whether this write takes the tensor-core int4 path — ``int4_write_uses_mma`` in
+    kernels_cu/reshape_and_cache.cu: the switch on, int4, 16-bit input, d = 64 or 128."""
+    if enabled is None:
+        enabled = int4_write_mma_enabled()
+    return enabled and fmt_name == "int4_per_token_head" and itemsize == 2 and d in (64, 128)
+
+
 def _write_lanes(fmt_name: str, d: int, itemsize: int) -> int:
-    """Lanes per (token, head) of the write kernel (kernels_cu/reshape_and_cache.cu):
+    """Threads per (token, head) of the write kernel (kernels_cu/reshape_and_cache.cu):
     ``Int4Geometry`` (up to 32 elements per lane) for int4, ``WriteGeometry`` otherwise — two
     16-element scale groups per lane for nvfp4 (one at d = 16), four 16-byte chunks per lane
-    (at least 1 and at most 32 lanes) for auto/int8/fp8."""
+    (at least 1 and at most 32 lanes) for auto/int8/fp8. The tensor-core int4 path
+    (:func:`int4_write_uses_mma`) runs a warp per 16 rows: 2 threads per row (the grid rounds
+    up to whole blocks, so a partial last warp exists and its missing rows are skipped)."""
+    if int4_write_uses_mma(fmt_name, d, itemsize):
+        return 2
     if fmt_name in ("int4_per_token_head", "nvfp4"):
         return d // min(d, 32)
     return max(1, min(32, d // (16 // itemsize) // 4))
