@@ -1,7 +1,8 @@
 // kvlab — paged attention, prefill kernel (SPEC 2.4). Python op: kvlab/cuda/attention.py
 // (family "paged_prefill"; the decode and reduction kernels are in paged_attention.cu).
 // Reference: kvlab/reference/attention.py (float64). Building blocks: attention_common.cuh,
-// prefill_common.cuh (tile decode, ldmatrix, dim order).
+// prefill_common.cuh (tile decode, ldmatrix, dim order, epilogue). The Hopper wgmma variant of
+// this kernel: paged_prefill_wgmma.cu.
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -390,37 +391,7 @@ paged_attention_prefill(const T* __restrict__ q, T* __restrict__ out,
   }
 
   // ---- epilogue: row sums across the 4 lanes of a row, output rows through shared memory
-  l0 += __shfl_xor_sync(0xffffffffu, l0, 1); l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
-  l1 += __shfl_xor_sync(0xffffffffu, l1, 1); l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
-  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
-  if constexpr (FMT == AUTO) cp_async_wait<0>();
-  __syncthreads();  // tile buffers -> output rows
-  float* o_sm = reinterpret_cast<float*>(pf_smem);
-#pragma unroll
-  for (int j = 0; j < ON; ++j) {
-    if constexpr (unit_identity<FMT>()) {
-      const int dim = 8 * j + 2 * c;
-      *reinterpret_cast<float2*>(o_sm + r0 * SM::ORS + dim) = make_float2(acc[j][0] * inv0, acc[j][1] * inv0);
-      *reinterpret_cast<float2*>(o_sm + r1 * SM::ORS + dim) = make_float2(acc[j][2] * inv1, acc[j][3] * inv1);
-    } else {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int dim = 8 * j + unit_dim<FMT>(2 * c + h);
-        o_sm[r0 * SM::ORS + dim] = acc[j][h] * inv0;
-        o_sm[r1 * SM::ORS + dim] = acc[j][2 + h] * inv1;
-      }
-    }
-  }
-  __syncthreads();
-  for (int r = warp; r < nrow; r += NW) {
-    float x[E];
-#pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = o_sm[r * SM::ORS + lane * E + j];
-    if constexpr (FMT == INT4) inverse_rht_group<E, 32>(x, lane);
-    const int tok = tok0 + r / G;
-    T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
-#pragma unroll
-    for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
-  }
+  // (prefill_common.cuh, shared with the wgmma kernel)
+  pf_epilogue<FMT, D, T, PF_ROWS, NW, SM::ORS>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c, warp,
+                                               lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
 }

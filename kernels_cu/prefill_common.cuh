@@ -146,5 +146,305 @@ __device__ __forceinline__ uint4 dec_unit(uint32_t w0, uint32_t w1, uint32_t prm
   return o;
 }
 
+
+// ================================================================ shared by the prefill kernels
+// paged_attention_prefill (paged_prefill.cu, mma.sync + ldmatrix, sm_80+) and
+// paged_attention_prefill_wgmma (paged_prefill_wgmma.cu, wgmma, sm_90a) run the same algorithm
+// on the same 128-row / 64-token tiles; they differ in the shared-memory layout of the 16-bit
+// tiles (LAYOUT below) and in how the two products are issued. Everything else is here.
+// The mma.sync kernel calls pf_epilogue (and dec_unit above); it still keeps its own inline
+// copies of the tile decode, query prologue and softmax, which these functions reproduce line
+// for line: calling them from there compiled to the same instruction counts and registers but
+// a different schedule / register assignment (checked with scripts/sass_stats.py), and that
+// kernel cannot be re-measured before the next H200 run. Fold it onto these after that run.
+using namespace attn;
+
+// Where element (row, dim) of a 16-bit [row][dim] tile sits, in bytes from the tile start.
+// PfPadded: rows of D + 8 halves (16-byte pad, conflict-free ldmatrix; the mma.sync kernel).
+// UNIT: halves between consecutive 8-dim units of a row.
+template <int D>
+struct PfPadded {
+  static constexpr int RS = D + 8;
+  static constexpr int UNIT = 8;
+  static __device__ __forceinline__ int idx(int row, int dim) { return row * RS + dim; }  // in halves
+};
+
+// The thread's part of a tile's decode: token lt = tid % KT of the tile, quarter `part` =
+// tid / KT of its K and V rows (D/4 dims each). Raw cache bytes of the next tile wait in
+// registers (load_raw) until they are decoded into shared memory (store_unit / store_params)
+// as the exact 16-bit values described at the top of this file; auto tiles are copied with
+// cp.async instead (copy). LAYOUT: PfPadded<D> or the wgmma core-matrix layout.
+template <int FMT, int D, typename T, int KT, class LAYOUT>
+struct PfTileLoader {
+  using TR = Traits<FMT, D, T>;
+  static constexpr int KW = TR::KB / 4;                        // raw words per side (D/4 dims)
+  static constexpr int UPT = D / 32;                           // 8-dim units per side
+  static constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;      // nvfp4 scale groups per side
+  static constexpr int RB = (FMT == NVFP4) ? D / 2 : TR::ROW;  // bytes between rows of the data part
+  static constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);
+
+  uint32_t rk[KW], rv[KW];
+  uint32_t rkp = 0u, rvp = 0u;  // int4/int8/fp8: the rows' parameter words; nvfp4: scale bytes
+  const uint8_t* cache;
+  const int* bt;
+  unsigned side_stride, slab2, data_part;
+  int L, bs_log2, BS, num_kv_heads, kvh, lt, part, swizzle_v;
+
+  // The block id of the thread's token of tile p0 (0 past the sequence). The wgmma kernel loads
+  // it a tile ahead of load_raw / copy: a block id loaded right before the row loads that need
+  // it stalls every warp for a global-memory latency per tile.
+  __device__ __forceinline__ int block_of(int p0) const {
+    const int p = p0 + lt;
+    return p < L ? __ldg(bt + (p >> bs_log2)) : 0;
+  }
+  __device__ __forceinline__ void load_raw(int p0) { load_raw(p0, block_of(p0)); }
+  __device__ __forceinline__ void load_raw(int p0, int blk) {
+    const int p = p0 + lt;
+    const bool in = p < L;
+    const int tt = p & (BS - 1);
+    const unsigned rowi = static_cast<unsigned>(tt * num_kv_heads + kvh);
+    const uint8_t* kslab = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2;
+    const uint8_t* kr = kslab + rowi * RB;
+    const uint8_t* vr = kr + side_stride;
+    load_words<TR::KB, TR::ALIGN>(kr + part * TR::KB, rk, in);
+    load_words<TR::KB, TR::ALIGN>(vr + part * TR::KB, rv, in);
+    if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
+      constexpr int OFF = (FMT == INT4) ? D / 2 : D;
+      rkp = in ? __ldg(reinterpret_cast<const unsigned*>(kr + OFF)) : 0u;
+      rvp = in ? __ldg(reinterpret_cast<const unsigned*>(vr + OFF)) : 0u;
+    } else if constexpr (FMT == NVFP4) {
+      constexpr int S = D / 16;
+      uint32_t kb = 0u, vb = 0u;
+      if (in) {
+        const uint8_t* ks = kslab + data_part + rowi * S;
+#pragma unroll
+        for (int i = 0; i < NGK; ++i) {
+          const int grp = part * NGK + i;
+          kb |= static_cast<uint32_t>(__ldg(ks + grp)) << (8 * i);
+          int t2, gg;
+          v_scale_pos<S>(tt, grp, swizzle_v, t2, gg);
+          const uint8_t* vs = kslab + side_stride + data_part +
+                              static_cast<unsigned>((t2 * num_kv_heads + kvh) * S + gg);
+          vb |= static_cast<uint32_t>(__ldg(vs)) << (8 * i);
+        }
+      }
+      rkp = kb; rvp = vb;
+    }
+  }
+  // raw registers -> unit u (8 dims) of the thread's K and V quarter rows in the tiles at
+  // ktile / vtile (shared memory)
+  __device__ __forceinline__ void store_unit(uint8_t* ktile, uint8_t* vtile, int u) {
+    if constexpr (FMT != AUTO) {
+      uint16_t* kt = reinterpret_cast<uint16_t*>(ktile) + LAYOUT::idx(lt, part * (D / 4)) + LAYOUT::UNIT * u;
+      uint16_t* vt = reinterpret_cast<uint16_t*>(vtile) + LAYOUT::idx(lt, part * (D / 4)) + LAYOUT::UNIT * u;
+      uint4 ko, vo;
+      if constexpr (FMT == NVFP4) {
+        const int i = u >> 1;  // 16-dim group of the unit
+        const uint16_t hk = bits16<__half>(e4m3_to_float((rkp >> (8 * i)) & 0xFFu) * 128.f);
+        const uint16_t hv = bits16<__half>(e4m3_to_float((rvp >> (8 * i)) & 0xFFu) * 128.f);
+        ko = dec_unit<FMT, false>(rk[u], 0u, pack2(hk, hk));
+        vo = dec_unit<FMT, true>(rv[u], 0u, pack2(hv, hv));
+      } else if constexpr (FMT == INT4) {
+        ko = dec_unit<FMT, false>(rk[u], 0u, (0x6400u | (rkp & 0xFu)) * 0x10001u);
+        vo = dec_unit<FMT, true>(rv[u], 0u, (0x4300u | (rvp & 0xFu)) * 0x10001u);
+      } else {
+        ko = dec_unit<FMT, false>(rk[2 * u], rk[2 * u + 1], 0u);
+        vo = dec_unit<FMT, true>(rv[2 * u], rv[2 * u + 1], 0u);
+      }
+      *reinterpret_cast<uint4*>(kt) = ko;
+      *reinterpret_cast<uint4*>(vt) = vo;
+    }
+  }
+  // per-token scales of the tile: par[0..KT) K, par[KT..2KT) V (int4/int8/fp8)
+  __device__ __forceinline__ void store_params(float* par) {
+    if constexpr (TOKSC) {
+      float ksc, vsc;
+      if constexpr (FMT == INT4) {
+        ksc = __uint_as_float(rkp & ~0xFu);
+        vsc = __uint_as_float(rvp & ~0xFu);
+      } else if constexpr (FMT == INT8) {
+        ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp);
+      } else {
+        ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp) * FP8_V_P;
+      }
+      if (part == 0) {
+        par[lt] = ksc;
+        par[KT + lt] = vsc;
+      }
+    }
+  }
+  __device__ __forceinline__ void store_tile(uint8_t* ktile, uint8_t* vtile, float* par) {
+#pragma unroll
+    for (int u = 0; u < UPT; ++u) store_unit(ktile, vtile, u);
+    store_params(par);
+  }
+  // auto: 16-byte cp.async copies of the thread's quarter rows of tile p0 to the tiles at the
+  // shared-window addresses kt / vt
+  __device__ __forceinline__ void copy(int p0, unsigned kt, unsigned vt) { copy(p0, block_of(p0), kt, vt); }
+  __device__ __forceinline__ void copy(int p0, int blk, unsigned kt, unsigned vt) {
+    const int p = p0 + lt;
+    const bool in = p < L;
+    const unsigned rowi = static_cast<unsigned>((p & (BS - 1)) * num_kv_heads + kvh);
+    const uint8_t* kr = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2 + rowi * RB + part * TR::KB;
+    const uint8_t* vr = kr + side_stride;
+    const unsigned kd = kt + 2 * LAYOUT::idx(lt, part * (D / 4));
+    const unsigned vd = vt + 2 * LAYOUT::idx(lt, part * (D / 4));
+#pragma unroll
+    for (int i = 0; i < TR::KB / 16; ++i) {
+      cp_async16_zfill(kd + 2 * LAYOUT::UNIT * i, kr + 16 * i, in);
+      cp_async16_zfill(vd + 2 * LAYOUT::UNIT * i, vr + 16 * i, in);
+    }
+    cp_async_commit();
+  }
+};
+
+// Query rows -> shared memory (16-bit Q·K operands at LAYOUT, dims in the tiles' order,
+// rotated for int4, prescaled) and cs_sm[r] = the row's softmax scale in log2 units (nvfp4:
+// times the global K scale), one warp per row. Rows r >= nrow are zeros.
+template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT>
+__device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, const T* __restrict__ q,
+                                                 int warp, int lane, int nrow, int tok0, int G, int qs,
+                                                 int num_q_heads, int kvh, float scale_log2, float k_scale) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
+  constexpr int E = D / 32;
+  const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;  // nvfp4: global K scale
+  for (int r = warp; r < ROWS; r += NWARPS) {
+    const bool valid = r < nrow;
+    const int tok = tok0 + r / G;
+    const int qhead = kvh * G + r % G;
+    float x[E];
+    const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const int dim = lane * E + j;
+      q_sm[LAYOUT::idx(r, (dim & ~7) + unit_pos<FMT>(dim & 7))] =
+          bits16<CTQ>(x[j] * pre);
+    }
+    if (lane == 0) cs_sm[r] = scale_log2 * kfold / pre;
+  }
+}
+
+// One tile's scores s (rows r0 = g and r1 = g + 8 of the warp, s[nt][0..1] = row r0, tokens
+// p0 + 8nt + 2c, +1; s[nt][2..3] = row r1) -> per-token K scale, causal / window mask unless
+// `full`, row maxima, running max (m, in score units) and sum (l) update, accumulator rescale
+// (skipped when no row max of the warp moved). nm0 / nm1: the exponent offsets of the rows
+// (P = exp2(s·cs + nm)).
+template <bool TOKSC, int NT, int ON>
+__device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc)[ON][4], const float* par,
+                                                  bool full, int p0, int qp0, int qp1, int window, int c,
+                                                  float cs0, float cs1, float& m0, float& m1, float& l0,
+                                                  float& l1, float& nm0, float& nm1) {
+  if constexpr (TOKSC) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 ks = *reinterpret_cast<const float2*>(par + nt * 8 + 2 * c);
+      s[nt][0] *= ks.x; s[nt][1] *= ks.y; s[nt][2] *= ks.x; s[nt][3] *= ks.y;
+    }
+  }
+  if (!full) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kp = p0 + nt * 8 + 2 * c + e;
+        const bool ok0 = kp <= qp0 && (window <= 0 || kp > qp0 - window);
+        const bool ok1 = kp <= qp1 && (window <= 0 || kp > qp1 - window);
+        if (!ok0) s[nt][e] = neg_inf();
+        if (!ok1) s[nt][2 + e] = neg_inf();
+      }
+    }
+  }
+  float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  // running max in score units (cs > 0): exponent = s·cs − m·cs, one FFMA per element
+  const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+  const float al0 = ex2_approx((m0 - mn0) * cs0), al1 = ex2_approx((m1 - mn1) * cs1);
+  m0 = mn0; m1 = mn1;
+  nm0 = mn0 == NEG_BIG ? 0.f : -mn0 * cs0;  // row fully masked so far: exponents -inf
+  nm1 = mn1 == NEG_BIG ? 0.f : -mn1 * cs1;
+  l0 *= al0; l1 *= al1;
+  if (__any_sync(0xffffffffu, al0 != 1.f || al1 != 1.f)) {
+#pragma unroll
+    for (int j = 0; j < ON; ++j) {
+      acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
+    }
+  }
+}
+
+// P' of k-chunk kc (tokens 16kc .. 16kc+15 = S n-tiles 2kc, 2kc+1) as the A operand of the
+// P·V product (mma.sync m16n8k16 and wgmma m64nNk16 share this fragment layout); adds the
+// unscaled P to the row sums; int4/int8/fp8: P' = P·(per-token V scale).
+template <bool TOKSC, typename CTV, int NT, int KT>
+__device__ __forceinline__ void pf_p_operand(uint32_t (&pa)[4], const float (&s)[NT][4], int kc, const float* par,
+                                             int c, float cs0, float cs1, float nm0, float nm1, float& l0,
+                                             float& l1) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int nt = 2 * kc + h;
+    float e00 = ex2_approx(fmaf(s[nt][0], cs0, nm0)), e01 = ex2_approx(fmaf(s[nt][1], cs0, nm0));
+    float e10 = ex2_approx(fmaf(s[nt][2], cs1, nm1)), e11 = ex2_approx(fmaf(s[nt][3], cs1, nm1));
+    l0 += e00 + e01;
+    l1 += e10 + e11;
+    if constexpr (TOKSC) {
+      const float2 vs = *reinterpret_cast<const float2*>(par + KT + nt * 8 + 2 * c);
+      e00 *= vs.x; e01 *= vs.y; e10 *= vs.x; e11 *= vs.y;
+    }
+    pa[2 * h] = pack_f2<CTV>(e00, e01);
+    pa[2 * h + 1] = pack_f2<CTV>(e10, e11);
+  }
+}
+
+// Epilogue: row sums across the 4 lanes of a row, output rows (acc: rows r0 / r1 of the warp,
+// acc[j][0..1] = row r0, stored dims 8j + 2c, +1) through shared memory o_sm (ROWS x ORS
+// floats; the caller's tile buffers, free once every thread passed the barrier here) for the
+// int4 inverse rotation and the dim order, then out. Contains two __syncthreads.
+template <int FMT, int D, typename T, int ROWS, int NWARPS, int ORS, int ON>
+__device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0, float l1, float* o_sm,
+                                            T* __restrict__ out, int r0, int r1, int c, int warp, int lane,
+                                            int nrow, int tok0, int G, int qs, int num_q_heads, int kvh,
+                                            float v_scale) {
+  constexpr int E = D / 32;
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1); l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1); l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
+  const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
+  if constexpr (FMT == AUTO) cp_async_wait<0>();
+  __syncthreads();  // tile buffers -> output rows
+#pragma unroll
+  for (int j = 0; j < ON; ++j) {
+    if constexpr (unit_identity<FMT>()) {
+      const int dim = 8 * j + 2 * c;
+      *reinterpret_cast<float2*>(o_sm + r0 * ORS + dim) = make_float2(acc[j][0] * inv0, acc[j][1] * inv0);
+      *reinterpret_cast<float2*>(o_sm + r1 * ORS + dim) = make_float2(acc[j][2] * inv1, acc[j][3] * inv1);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = 8 * j + unit_dim<FMT>(2 * c + h);
+        o_sm[r0 * ORS + dim] = acc[j][h] * inv0;
+        o_sm[r1 * ORS + dim] = acc[j][2 + h] * inv1;
+      }
+    }
+  }
+  __syncthreads();
+  for (int r = warp; r < nrow; r += NWARPS) {
+    float x[E];
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = o_sm[r * ORS + lane * E + j];
+    if constexpr (FMT == INT4) inverse_rht_group<E, 32>(x, lane);
+    const int tok = tok0 + r / G;
+    T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
+#pragma unroll
+    for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+  }
+}
+
 }  // namespace pf
 }  // namespace kvlab

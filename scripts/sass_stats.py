@@ -2,10 +2,12 @@
 
     python scripts/sass_stats.py paged_attention 'decode<3, 128, __nv_bfloat16>'
     python scripts/sass_stats.py reshape_and_cache 'int4' --arch sm_90 --dump out.sass
+    python scripts/sass_stats.py paged_prefill_wgmma '<3, 128'    # fixed-arch family: sm_90a
 
 Compiles only the instantiations of FAMILY whose name expression contains every FILTER
 (substring match), with the loader's options (``KVLAB_NVRTC_OPTIONS`` included), and prints
-per kernel: registers, total instructions, and for each loop (a backward branch and its
+per kernel: registers (ptxas), total instructions, warpgroup MMAs (HGMMA) when there are any,
+and for each loop (a backward branch and its
 target) the instruction count by opcode — the loop body is where a streaming kernel spends
 its time, so the counts there are the ones to compare between versions.
 
@@ -45,7 +47,10 @@ def find_nvdisasm() -> str:
     sys.exit("nvdisasm not found: pip install 'nvidia-cuda-nvdisasm==13.*'")
 
 
-def compile_cubin(family: str, filters: list[str], arch: str) -> tuple[bytes, dict]:
+def compile_cubin(family: str, filters: list[str], arch: str) -> tuple[bytes, dict, dict]:
+    """(cubin, lowered name -> name expression, name expression -> registers)."""
+    import io
+
     from cupy.cuda import compiler
 
     specs = loader._ensure_family(family)
@@ -54,20 +59,19 @@ def compile_cubin(family: str, filters: list[str], arch: str) -> tuple[bytes, di
         sys.exit(f"no instantiation of {family!r} matches {filters}; e.g. {specs[0].name_expression()}")
     prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=exprs,
                                   method="cubin")
-    cubin, mapping = prog.compile(loader.compile_options() + (f"-arch={arch}", "-ftz=true"))  # as CuPy
-    return _pad_elf(cubin), {v: k for k, v in (mapping or {}).items()}
-
-
-def _pad_elf(b: bytes) -> bytes:
-    """CuPy's ``getCUBIN`` drops the image's last byte (it treats it like a C string); restore
-    the length the ELF header implies (the lost byte is padding, zero)."""
-    import struct
-
-    shoff, = struct.unpack_from("<Q", b, 0x28)
-    phoff, = struct.unpack_from("<Q", b, 0x20)
-    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", b, 0x36)
-    need = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
-    return b + b"\0" * max(0, need - len(b))
+    log = io.StringIO()
+    cubin, mapping = prog.compile(loader.compile_options() + (f"-arch={arch}", "-ftz=true",  # as CuPy
+                                                              "--ptxas-options=-v"), log_stream=log)
+    demangled = {v: k for k, v in (mapping or {}).items()}
+    regs, cur = {}, None
+    for line in log.getvalue().splitlines():
+        m = re.search(r"Compiling entry function '([^']+)'", line)
+        if m:
+            cur = demangled.get(m.group(1), m.group(1))
+        m = re.search(r"Used (\d+) registers", line)
+        if m and cur:
+            regs[cur] = int(m.group(1))
+    return loader._pad_elf(cubin), demangled, regs
 
 
 _FN = re.compile(r"^\s*\.text\.(\S+):")
@@ -100,10 +104,13 @@ def op_class(op: str) -> str:
     return op.split(".")[0]
 
 
-def report(funcs: dict, demangled: dict, top: int) -> None:
+def report(funcs: dict, demangled: dict, top: int, regs: dict | None = None) -> None:
     for fn, ins in funcs.items():
         name = demangled.get(fn, fn)
-        print(f"\n== {name}: {len(ins)} instructions")
+        extra = f", {regs[name]} registers" if regs and name in regs else ""
+        ngmma = sum(1 for _, op, _, _ in ins if op.startswith("HGMMA"))
+        extra += f", {ngmma} HGMMA" if ngmma else ""
+        print(f"\n== {name}: {len(ins)} instructions{extra}")
         labels = {lab: i for i, (_, _, _, lab) in enumerate(ins) if lab}
         loops = []
         for i, (_, op, operands, _) in enumerate(ins):
@@ -124,11 +131,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("family")
     ap.add_argument("filters", nargs="*", help="substrings every selected name expression contains")
-    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--arch", default=None, help="default: the family's fixed arch (sm_90a for "
+                    "paged_prefill_wgmma), else sm_90")
     ap.add_argument("--top", type=int, default=3, help="largest loops to show per kernel")
     ap.add_argument("--dump", help="write the full SASS here")
     args = ap.parse_args()
-    cubin, demangled = compile_cubin(args.family, args.filters, args.arch)
+    arch = args.arch or loader.family_arch(args.family) or "sm_90"
+    cubin, demangled, regs = compile_cubin(args.family, args.filters, arch)
     with tempfile.TemporaryDirectory() as td:
         path = os.path.join(td, "k.cubin")
         with open(path, "wb") as f:
@@ -137,7 +146,7 @@ def main() -> None:
                               capture_output=True, text=True, check=True).stdout
     if args.dump:
         Path(args.dump).write_text(sass)
-    report(parse(sass), demangled, args.top)
+    report(parse(sass), demangled, args.top, regs)
 
 
 if __name__ == "__main__":

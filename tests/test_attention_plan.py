@@ -90,3 +90,48 @@ def test_paged_needs_sm90_and_at_most_8_column_groups(h200, monkeypatch):
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice("80"))
     nbuf, note = A._paged_buffers(3, 128, 8, 8, 0)
     assert nbuf == 0 and "sm_90" in note and "sm_80" in note
+
+
+# ---- prefill_variant ("mma" | "wgmma") and KVLAB_PREFILL_VARIANT (host logic, CPU)
+def test_prefill_variant_default_env_and_argument(h200, monkeypatch):
+    A = h200
+    monkeypatch.delenv("KVLAB_PREFILL_VARIANT", raising=False)
+    assert A._resolve_prefill_variant(None, 0) == A.DEFAULT_PREFILL_VARIANT == "mma"
+    monkeypatch.setenv("KVLAB_PREFILL_VARIANT", "wgmma")
+    assert A._resolve_prefill_variant(None, 0) == "wgmma"
+    assert A._resolve_prefill_variant("mma", 0) == "mma"   # the argument wins over the environment
+
+
+@pytest.mark.parametrize("value, env", [("tma", False), ("", True), ("WGMMA", False)])
+def test_prefill_variant_errors_name_the_source(h200, monkeypatch, value, env):
+    A = h200
+    if env:
+        monkeypatch.setenv("KVLAB_PREFILL_VARIANT", "mma2")
+        with pytest.raises(ValueError, match=r"^KVLAB_PREFILL_VARIANT: expected one of \['mma', 'wgmma'\], got 'mma2'"):
+            A._resolve_prefill_variant(None, 0)
+    else:
+        with pytest.raises(ValueError, match=rf"^prefill_variant: expected one of \['mma', 'wgmma'\], got '{value}'"):
+            A._resolve_prefill_variant(value, 0)
+
+
+@pytest.mark.parametrize("cc", ["80", "89", "100"])
+def test_wgmma_prefill_needs_sm90(h200, monkeypatch, cc):
+    import cupy
+
+    A = h200
+    monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice(cc))
+    with pytest.raises(ValueError, match=rf"'wgmma' needs a GPU of compute capability 9.0.*sm_{cc}"):
+        A._resolve_prefill_variant("wgmma", 0)
+    assert A._resolve_prefill_variant("mma", 0) == "mma"
+
+
+def test_prefill_spec_and_smem_per_variant():
+    from kvlab.cuda import attention as A
+    from kvlab.cuda import loader
+
+    assert A._prefill_spec(3, 128, "bfloat16").family == "paged_prefill"
+    s = A._prefill_spec(3, 128, "bfloat16", "wgmma")
+    assert s.family == "paged_prefill_wgmma" and s in loader.FAMILIES["paged_prefill_wgmma"]
+    assert A.prefill_smem_bytes(128) == 768 * 128 + 7168
+    assert A.prefill_smem_bytes(128, "wgmma") == 768 * 128 + 1024 <= 227 * 1024
+    assert _plan().prefill_variant == "mma"

@@ -6,16 +6,32 @@ process: torch ``scaled_dot_product_attention(is_causal=True, enable_gqa=True)``
 contiguous bf16 q/K/V — ``ratio_vs_baseline`` = time / its time. Prefill is compute-bound,
 so the notes give TFLOP/s (causal: 2 · 2 · H_q · d · T² / 2 flops); ``bytes`` counts the
 cache bytes read once. kvlab rows time :meth:`AttentionPlan.run` (plan built once).
+
+On a compute capability 9.0 GPU every format is timed twice in the same process: the default
+prefill kernel (``prefill_variant="mma"``, rows ``kvlab <format>``) and the Hopper wgmma one
+(``prefill_variant="wgmma"``, rows ``kvlab <format> wgmma``), on the same cache and plan inputs.
+``KVLAB_BENCH_PREFILL_VARIANTS`` (e.g. ``wgmma``) restricts the variants timed.
 """
 from __future__ import annotations
 
 import math
+import os
 
 from .timing import bench_ms, copy_bandwidth_gbps, gbps
 
 NAME = "prefill"
 FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
 HQ, HKV, D, BLOCK_SIZE = 32, 8, 128, 16
+
+
+def prefill_variants() -> tuple:
+    """Prefill kernels to time on this GPU: ("mma", "wgmma") on sm_90, ("mma",) elsewhere."""
+    import cupy
+
+    want = tuple(os.environ.get("KVLAB_BENCH_PREFILL_VARIANTS", "mma wgmma").split())
+    if int(cupy.cuda.Device().compute_capability) != 90:
+        want = tuple(v for v in want if v != "wgmma")
+    return want or ("mma",)
 
 
 def run(quick: bool, progress) -> list[dict]:
@@ -28,7 +44,8 @@ def run(quick: bool, progress) -> list[dict]:
 
     repeats = 5 if quick else 15
     lengths = (4096,) if quick else (4096, 16384)
-    progress.total(len(lengths) * (len(FORMATS) + 1))
+    variants = prefill_variants()
+    progress.total(len(lengths) * (len(FORMATS) * len(variants) + 1))
     rows = []
     for T in lengths:
         case = f"T={T} causal {HQ}/{HKV} d={D}"
@@ -60,19 +77,22 @@ def run(quick: bool, progress) -> list[dict]:
             cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, HKV, D, like=b["key"])
             kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
             args = (q, cache, b["block_table"], b["seq_lens"], qsl)
-            plan = plan_paged_attention(*args, name)
-            out = torch.empty_like(q)
-            r = bench_ms(lambda: plan.run(*args, out=out), repeats)
-            row_bytes = 2 * D if name == "auto" else fmt.row_bytes(D)
-            nbytes = 2 * T * HKV * row_bytes
-            rows.append(dict(suite=NAME, case=case, impl=f"kvlab {name}", median_ms=r["median_ms"],
-                             bytes=nbytes, gbps=gbps(nbytes, r["median_ms"]),
-                             frac_of_copy=gbps(nbytes, r["median_ms"]) / copy_bandwidth_gbps(nbytes, repeats),
-                             ratio_vs_baseline=r["median_ms"] / base["median_ms"],
-                             notes=f"{flops / r['median_ms'] / 1e9:.0f} TFLOP/s; {plan.n_items}x{plan.ny} CTAs"
-                                   + (f" ({plan.kernel_name})" if hasattr(plan, "kernel_name") else "")))
-            progress(f"{case} {name}")
-            del cache, plan, out
+            for pv in variants:
+                plan = plan_paged_attention(*args, name, prefill_variant=pv)
+                out = torch.empty_like(q)
+                r = bench_ms(lambda: plan.run(*args, out=out), repeats)
+                row_bytes = 2 * D if name == "auto" else fmt.row_bytes(D)
+                nbytes = 2 * T * HKV * row_bytes
+                impl = f"kvlab {name}" + ("" if pv == "mma" else f" {pv}")
+                rows.append(dict(suite=NAME, case=case, impl=impl, median_ms=r["median_ms"],
+                                 bytes=nbytes, gbps=gbps(nbytes, r["median_ms"]),
+                                 frac_of_copy=gbps(nbytes, r["median_ms"]) / copy_bandwidth_gbps(nbytes, repeats),
+                                 ratio_vs_baseline=r["median_ms"] / base["median_ms"],
+                                 notes=f"{flops / r['median_ms'] / 1e9:.0f} TFLOP/s; {plan.n_pf}x{plan.num_kv_heads} "
+                                       f"prefill CTAs ({pv})"))
+                progress(f"{case} {impl}")
+                del plan, out
+            del cache
         del b, q
         torch.cuda.empty_cache()
     return rows

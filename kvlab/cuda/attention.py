@@ -1,7 +1,9 @@
 """GPU paged attention. Reference: :mod:`kvlab.reference.attention`.
 
 Kernels: ``kernels_cu/paged_attention.cu`` (decode, split-KV reduction; family
-``paged_attention``) and ``kernels_cu/paged_prefill.cu`` (prefill; family ``paged_prefill``).
+``paged_attention``) and ``kernels_cu/paged_prefill.cu`` (prefill; family ``paged_prefill``),
+or, with ``prefill_variant="wgmma"``, ``kernels_cu/paged_prefill_wgmma.cu`` (prefill on Hopper
+``wgmma``, sm_90a only; family ``paged_prefill_wgmma``).
 
 SPEC 2.4 semantics for every format: ragged batches mixing decode and (chunked)
 prefill, GQA, causal, optional sliding window. Two steps, as FlashInfer's
@@ -30,6 +32,12 @@ plan/run:
 
   The environment variable ``KVLAB_DECODE_VARIANT`` overrides the default (an explicit
   ``decode_variant`` argument wins over it).
+* Prefill work runs on one of two kernels of the same work list and semantics
+  (``prefill_variant``): ``"mma"`` (default) — ``paged_attention_prefill``, mma.sync + ldmatrix,
+  any sm_80+ GPU; ``"wgmma"`` — ``paged_attention_prefill_wgmma``, Hopper warpgroup MMA, compute
+  capability 9.0 only (anything else raises ``ValueError`` when the plan is built). The
+  environment variable ``KVLAB_PREFILL_VARIANT`` overrides the default (an explicit argument
+  wins over it).
 * :meth:`AttentionPlan.run` launches the kernels on the caller's stream. A model
   runs one plan for all its layers (the metadata is the same), which is why the
   benchmarks time ``run``.
@@ -51,6 +59,7 @@ from .loader import KernelSpec, get_kernel, register
 
 FAMILY = "paged_attention"
 PREFILL_FAMILY = "paged_prefill"
+PREFILL_WGMMA_FAMILY = "paged_prefill_wgmma"
 #: format name -> FMT template code (attention_common.cuh ``enum Fmt``)
 FORMAT_CODES = {
     "auto": 0,
@@ -80,6 +89,8 @@ PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kern
 PF_WARPS = 8                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
 PF_ROWS = 128                    # query rows per prefill CTA (PF_ROWS in paged_prefill.cu)
 PREFILL_MIN_ROWS = 32            # a sequence with >= this many (token, head) rows per KV head uses it
+PREFILL_VARIANTS = ("mma", "wgmma")
+DEFAULT_PREFILL_VARIANT = "mma"  # "wgmma" becomes the default on sm_90 once measured on the H200
 
 SPECS = register(FAMILY, [
     *[KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
@@ -94,6 +105,11 @@ PREFILL_SPECS = register(PREFILL_FAMILY, [
     KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
     for code in FORMAT_CODES.values() for d in PREFILL_HEAD_SIZES for t in Q_DTYPES
 ])
+# The wgmma prefill kernel: same instantiations, built for sm_90a only (loader: fixed-arch family).
+PREFILL_WGMMA_SPECS = register(PREFILL_WGMMA_FAMILY, [
+    KernelSpec(PREFILL_WGMMA_FAMILY, "paged_attention_prefill_wgmma", (code, d, t))
+    for code in FORMAT_CODES.values() for d in PREFILL_HEAD_SIZES for t in Q_DTYPES
+], arch="sm_90a")
 
 
 def _decode_spec(code, d, t):
@@ -147,8 +163,45 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> 
                f"the device allows {per_cta}")
 
 
-def _prefill_spec(code, d, t):
+def _prefill_spec(code, d, t, variant="mma"):
+    if variant == "wgmma":
+        return KernelSpec(PREFILL_WGMMA_FAMILY, "paged_attention_prefill_wgmma", (code, d, t))
     return KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
+
+
+def prefill_smem_bytes(d: int, variant: str = "mma") -> int:
+    """Dynamic shared memory of a prefill launch: two KV tile buffers + the query rows
+    (``PfSmem<D>::BYTES`` in paged_prefill.cu: 16-byte padded rows for ldmatrix;
+    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices)."""
+    return 768 * d + (1024 if variant == "wgmma" else 7168)
+
+
+def _variant_choice(value, env: str, default: str, choices, arg: str) -> tuple[str, str]:
+    """A kernel-variant knob: the explicit argument ``arg`` if given, else the environment
+    variable ``env``, else ``default``; validated against ``choices``. Returns the value and the
+    name that errors should blame (the argument or the variable)."""
+    if value is None:
+        value, what = os.environ.get(env, "") or default, env
+    else:
+        what = arg
+    if value not in choices:
+        raise ValueError(f"{what}: expected one of {list(choices)}, got {value!r}")
+    return value, what
+
+
+def _resolve_prefill_variant(prefill_variant, device_id) -> str:
+    """``prefill_variant`` (None: ``KVLAB_PREFILL_VARIANT``, else the default), validated; "wgmma"
+    needs a device of compute capability 9.0 (the kernel is built for sm_90a)."""
+    prefill_variant, what = _variant_choice(prefill_variant, "KVLAB_PREFILL_VARIANT", DEFAULT_PREFILL_VARIANT,
+                                            PREFILL_VARIANTS, "prefill_variant")
+    if prefill_variant == "wgmma":
+        import cupy
+
+        cc = int(cupy.cuda.Device(device_id).compute_capability)
+        if cc != 90:
+            raise ValueError(f"{what}: 'wgmma' needs a GPU of compute capability 9.0 (H100/H200; the kernel "
+                             f"is built for sm_90a), device {device_id} is sm_{cc}; use 'mma'")
+    return prefill_variant
 
 
 def _reduce_spec(d, t, rot):
@@ -253,6 +306,7 @@ class AttentionPlan:
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
     paged_nbuf: int = 0                            # its stage buffers
+    prefill_variant: str = "mma"                   # the prefill kernel: "mma" or "wgmma"
 
     def check_run_args(self, q, kv_cache, out=None):
         """Cheap checks that ``q``/``kv_cache``/``out`` fit this plan (a plan is built for one
@@ -292,9 +346,9 @@ class AttentionPlan:
         bt_stride = arrays.shape(block_table)[1]
         with L.stream_of(q):
             if self.n_pf:
-                pf_spec = _prefill_spec(self.fmt_code, d, t)
+                pf_spec = _prefill_spec(self.fmt_code, d, t, self.prefill_variant)
                 kp = get_kernel(pf_spec, self.device_id)
-                pf_smem = 768 * d + 7168  # 2 KV tile buffers + q rows (paged_prefill.cu: PfSmem<D>::BYTES)
+                pf_smem = prefill_smem_bytes(d, self.prefill_variant)
                 _raise_dynamic_smem(kp, pf_spec, self.device_id, pf_smem)
                 L.launch(kp, (self.n_pf, self.num_kv_heads), (PF_WARPS * 32,), (
                     L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
@@ -418,7 +472,8 @@ def _prefill_list(qlen, seqs, tokens_per_cta):
 
 def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
                          softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
-                         num_splits=None, prefill_kernel=None, decode_variant=None) -> AttentionPlan:
+                         num_splits=None, prefill_kernel=None, decode_variant=None,
+                         prefill_variant=None) -> AttentionPlan:
     """Validate and build the work list (see module docstring).
 
     ``num_splits`` forces the split count of the decode kernel; ``prefill_kernel`` (bool)
@@ -426,15 +481,12 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     ``decode_variant`` picks the decode kernel (``"auto"``, ``"per_head"`` or ``"paged"``; None:
     the ``KVLAB_DECODE_VARIANT`` environment variable, else ``"auto"``). The plan's
     ``decode_variant`` is the kernel it launches, ``decode_variant_note`` why a requested
-    ``"paged"`` fell back.
+    ``"paged"`` fell back. ``prefill_variant`` picks the prefill kernel (``"mma"`` or ``"wgmma"``;
+    None: the ``KVLAB_PREFILL_VARIANT`` environment variable, else ``"mma"``); ``"wgmma"`` on a
+    device that is not compute capability 9.0 raises ``ValueError``.
     """
-    if decode_variant is None:
-        decode_variant = os.environ.get("KVLAB_DECODE_VARIANT", "") or DEFAULT_DECODE_VARIANT
-        what = "KVLAB_DECODE_VARIANT"
-    else:
-        what = "decode_variant"
-    if decode_variant not in DECODE_VARIANTS:
-        raise ValueError(f"{what}: expected one of {list(DECODE_VARIANTS)}, got {decode_variant!r}")
+    decode_variant, _ = _variant_choice(decode_variant, "KVLAB_DECODE_VARIANT", DEFAULT_DECODE_VARIANT,
+                                        DECODE_VARIANTS, "decode_variant")
     fmt, dims, backend, meta = validate.check_paged_attention(
         q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype, softmax_scale,
         k_scale, v_scale, sliding_window,
@@ -463,6 +515,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     if len(devs) != 1:
         raise ValueError(f"q, kv_cache, block_table, seq_lens, query_start_loc: must be on one device, got {sorted(devs)}")
     dev = devs.pop()
+    pf_variant = _resolve_prefill_variant(prefill_variant, dev)
     code = FORMAT_CODES[fmt.name]
     T, Hq = meta["num_tokens"], meta["num_q_heads"]
     Hkv = dims.num_kv_heads
@@ -525,19 +578,20 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
+        prefill_variant=pf_variant,
     )
 
 
 def paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
                     softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
-                    decode_variant=None):
+                    decode_variant=None, prefill_variant=None):
     """Paged attention (SPEC 2.4) on the GPU → ``(num_tokens, num_q_heads, head_size)`` in q's dtype.
 
     q: bf16 (torch) or fp16 (CuPy or torch), contiguous. kv_cache: any kvlab format, on
     the same device. Same arguments as :func:`kvlab.reference.paged_attention`, plus
-    ``decode_variant`` (see :func:`plan_paged_attention`).
+    ``decode_variant`` and ``prefill_variant`` (see :func:`plan_paged_attention`).
     """
     plan = plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype,
                                 softmax_scale, k_scale, v_scale, sliding_window,
-                                decode_variant=decode_variant)
+                                decode_variant=decode_variant, prefill_variant=prefill_variant)
     return plan.run(q, kv_cache, block_table, seq_lens, query_start_loc)

@@ -10,6 +10,14 @@
   compiled through ``name_expressions``; the module is cached per device.
 * :func:`compile_family_offline` drives NVRTC for an explicit ``sm_XX`` without a
   GPU (CI, ``python -m kvlab check``) and reports registers and spills.
+* A family registered with a fixed ``arch`` (``register(..., arch="sm_90a")``: the wgmma
+  prefill kernel, whose ``wgmma``/``setmaxnreg`` instructions exist only for the
+  architecture-specific target) is not built through ``cupy.RawModule``, which always adds
+  its own ``-arch=sm_<device>``: the loader drives NVRTC itself to a cubin for that arch
+  (cached on disk under CuPy's cache folder, keyed like CuPy's own cache on source + options
+  + arch + NVRTC version), loads it with ``RawModule(path=...)`` and looks kernels up by the
+  lowered names NVRTC reports for the name expressions. ``compile_family_offline`` and
+  ``python -m kvlab check`` compile such a family for its arch only (:func:`family_archs`).
 """
 from __future__ import annotations
 
@@ -34,6 +42,8 @@ C_TYPES = {
 
 #: every kernel family: kernels_cu/<family>.cu ↔ kvlab/cuda/<family>.py
 FAMILIES: dict[str, list] = {}
+#: families that build for one fixed architecture only (e.g. "sm_90a"); the others follow the device
+FAMILY_ARCH: dict[str, str] = {}
 
 
 @dataclass(frozen=True)
@@ -72,14 +82,36 @@ def _render(p) -> str:
     raise ValueError(f"template parameter: cannot render {p!r}")
 
 
-def register(family: str, specs) -> list:
-    """Declare the closed list of instantiations of one family (called by kvlab/cuda/<family>.py)."""
+def register(family: str, specs, arch: str | None = None) -> list:
+    """Declare the closed list of instantiations of one family (called by kvlab/cuda/<family>.py).
+
+    ``arch`` (e.g. ``"sm_90a"``): the family compiles for that architecture only and runs only
+    on devices of that compute capability (see the module docstring)."""
     specs = list(specs)
     for s in specs:
         if s.family != family:
             raise ValueError(f"spec {s} registered under family {family!r}")
+    if arch is not None and not re.fullmatch(r"sm_\d{2,3}a?", arch):
+        raise ValueError(f"arch: expected sm_<NN> or sm_<NN>a, got {arch!r}")
     FAMILIES[family] = specs
+    if arch is not None:
+        FAMILY_ARCH[family] = arch
+    else:
+        FAMILY_ARCH.pop(family, None)
     return specs
+
+
+def family_arch(family: str) -> str | None:
+    """The fixed architecture of ``family`` (``"sm_90a"``), or None if it builds for any device."""
+    _ensure_family(family)
+    return FAMILY_ARCH.get(family)
+
+
+def family_archs(family: str, archs) -> tuple:
+    """The architectures to compile ``family`` for when a check asks for ``archs``: its fixed
+    arch alone if it has one, else ``archs``."""
+    fixed = family_arch(family)
+    return (fixed,) if fixed else tuple(archs)
 
 
 def kernels_dir() -> Path:
@@ -154,19 +186,78 @@ def _ensure_family(family: str) -> list:
 
 @functools.cache
 def _module(family: str, device_id: int):
+    """(module, name expression -> name to look up): CuPy compiles the family for the device,
+    or, for a fixed-arch family, :func:`_arch_module` does."""
     import cupy
 
     specs = _ensure_family(family)
+    exprs = [s.name_expression() for s in specs]
     with cupy.cuda.Device(device_id):
-        return cupy.RawModule(
-            code=read_source(family),
-            options=compile_options(),
-            name_expressions=[s.name_expression() for s in specs],
-        )
+        arch = FAMILY_ARCH.get(family)
+        if arch is not None:
+            return _arch_module(family, arch, device_id, exprs)
+        mod = cupy.RawModule(code=read_source(family), options=compile_options(), name_expressions=exprs)
+        return mod, {e: e for e in exprs}
+
+
+def _check_device_arch(family: str, arch: str, device_id: int) -> None:
+    import cupy
+
+    cc = int(cupy.cuda.Device(device_id).compute_capability)
+    want = int(re.fullmatch(r"sm_(\d+)a?", arch).group(1))
+    if cc != want:
+        raise RuntimeError(f"kernel family {family!r} is built for {arch} only (compute capability "
+                           f"{want // 10}.{want % 10}); device {device_id} has compute capability "
+                           f"{cc // 10}.{cc % 10}")
+
+
+def _arch_module(family: str, arch: str, device_id: int, exprs: list):
+    """NVRTC -> cubin for ``arch`` (disk-cached), loaded with ``cupy.RawModule(path=...)``."""
+    import json
+
+    import cupy
+    from cupy.cuda import compiler, nvrtc
+
+    _check_device_arch(family, arch, device_id)
+    source = read_source(family)
+    opts = compile_options() + (f"-arch={arch}", "-ftz=true")  # -ftz=true as CuPy's own compiles
+    key = hashlib.sha256("\0".join([source, *opts, *sorted(exprs), str(nvrtc.getVersion()),
+                                     cupy.__version__]).encode()).hexdigest()[:32]
+    cache_dir = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache")) / "kvlab_arch"
+    cubin_path, map_path = cache_dir / f"{family}-{arch}-{key}.cubin", cache_dir / f"{family}-{arch}-{key}.json"
+    if not (cubin_path.is_file() and map_path.is_file()):
+        prog = compiler._NVRTCProgram(source, f"{family}.cu", name_expressions=exprs, method="cubin")
+        cubin, mapping = prog.compile(opts)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        tmp = cubin_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(_pad_elf(cubin))
+        os.replace(tmp, cubin_path)
+        tmp = map_path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({e: mapping[e] for e in exprs}))
+        os.replace(tmp, map_path)
+    lowered = json.loads(map_path.read_text())
+    return cupy.RawModule(path=str(cubin_path)), lowered
+
+
+def _pad_elf(b: bytes) -> bytes:
+    """CuPy's ``getCUBIN`` drops the image's last byte (it treats it like a C string); restore
+    the length the ELF header implies (the lost byte is padding, zero)."""
+    import struct
+
+    if len(b) < 0x40 or b[:4] != b"\x7fELF":
+        return b
+    shoff, = struct.unpack_from("<Q", b, 0x28)
+    phoff, = struct.unpack_from("<Q", b, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", b, 0x36)
+    need = max(shoff + shentsize * shnum, phoff + phentsize * phnum)
+    return b + b"\0" * max(0, need - len(b))
 
 
 def get_kernel(spec: KernelSpec, device_id: int | None = None):
-    """The compiled ``cupy.RawKernel`` of one instantiation (compiled once per device)."""
+    """The compiled ``cupy.RawKernel`` of one instantiation (compiled once per device).
+
+    A fixed-arch family (``register(..., arch=...)``) raises ``RuntimeError`` on a device of
+    another compute capability."""
     import cupy
 
     if spec not in _ensure_family(spec.family):
@@ -175,7 +266,8 @@ def get_kernel(spec: KernelSpec, device_id: int | None = None):
             f"supported: {[s.name_expression() for s in FAMILIES[spec.family]]}"
         )
     dev = cupy.cuda.runtime.getDevice() if device_id is None else device_id
-    return _module(spec.family, dev).get_function(spec.name_expression())
+    mod, names = _module(spec.family, dev)
+    return mod.get_function(names[spec.name_expression()])
 
 
 # ---------------------------------------------------------------- offline compile (no GPU)
@@ -196,14 +288,21 @@ _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 _PTXAS_REGS = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
-def compile_family_offline(family: str, arch: str = "sm_90") -> list[CompileReport]:
+def compile_family_offline(family: str, arch: str | None = None) -> list[CompileReport]:
     """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
 
-    Raises ``cupy.cuda.compiler.CompileException`` (with NVRTC's log) on errors.
+    ``arch`` defaults to the family's fixed arch (:func:`family_arch`) or ``"sm_90"``; a
+    fixed-arch family asked for another arch raises ``ValueError``. Raises
+    ``cupy.cuda.compiler.CompileException`` (with NVRTC's log) on errors.
     """
     from cupy.cuda import compiler
 
     specs = _ensure_family(family)
+    fixed = FAMILY_ARCH.get(family)
+    if arch is None:
+        arch = fixed or "sm_90"
+    elif fixed is not None and arch != fixed:
+        raise ValueError(f"arch: kernel family {family!r} builds for {fixed} only, got {arch!r}")
     exprs = [s.name_expression() for s in specs]
     prog = compiler._NVRTCProgram(read_source(family), f"{family}.cu", name_expressions=exprs,
                                   method="cubin")

@@ -49,6 +49,19 @@ def variant(request):
     return request.param
 
 
+PREFILL_VARIANTS = ("mma", "wgmma")
+
+
+def skip_unless_prefill_variant_runs(prefill_variant):
+    """The wgmma prefill kernel is built for sm_90a: skip it on any other GPU."""
+    if prefill_variant == "wgmma":
+        import cupy
+
+        cc = int(cupy.cuda.Device().compute_capability)
+        if cc != 90:
+            pytest.skip(f"prefill_variant='wgmma' needs compute capability 9.0, this GPU is sm_{cc}")
+
+
 def check_close(out, ref, dtype_name, what=""):
     """Relative L2 and max-abs bound of ``out`` against the float64 ``ref`` (see module docstring)."""
     out = np.asarray(out, dtype=np.float64)
@@ -135,7 +148,7 @@ def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_
 
 
 def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_scale=None,
-            prefill_kernel=None, variant="per_head"):
+            prefill_kernel=None, variant="per_head", prefill_variant="mma"):
     from kvlab.cuda.attention import plan_paged_attention
 
     dev = {k: to_device(case[k], kind) for k in ("q", "kv_cache", "block_table", "seq_lens",
@@ -143,9 +156,11 @@ def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_sc
     plan = plan_paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
                                 dev["query_start_loc"], case["kv_cache_dtype"], softmax_scale,
                                 case["k_scale"], case["v_scale"], sliding_window, num_splits=num_splits,
-                                prefill_kernel=prefill_kernel, decode_variant=variant)
+                                prefill_kernel=prefill_kernel, decode_variant=variant,
+                                prefill_variant=prefill_variant)
     if plan.n_items:
         assert plan.decode_variant == variant, plan.decode_variant_note
+    assert plan.prefill_variant == prefill_variant
     out = dev["q"].clone() if kind == "torch" else dev["q"].copy()
     out[...] = float("nan")  # poison: every output element must be written
     plan.run(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"],
@@ -192,16 +207,28 @@ def test_mixed_batch(rng, fmt, shape, variant):
 @pytest.mark.parametrize("shape", [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 64, 16)],
                          ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
 def test_prefill_paths(rng, fmt, prefill_kernel, shape, variant):
-    """Prompts and chunked prefill on either kernel: whole prompts, chunks after a cached prefix."""
+    """Prompts and chunked prefill on either kernel: whole prompts, chunks after a cached prefix.
+    The prefill-kernel path runs on both prefill variants (wgmma only on sm_90)."""
     hkv, group, d, bs = shape
     q_lens = [int(rng.integers(30, 300)), int(rng.integers(2, 40)), 1, int(rng.integers(100, 200))]
     kv_lens = [q_lens[0], q_lens[1] + int(rng.integers(0, 500)), 77, q_lens[3] + 1000]
     case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
-    out, plan = run_gpu(case, prefill_kernel=prefill_kernel, variant=variant)
-    assert (plan.n_pf > 0) == prefill_kernel
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape} prefill_kernel={prefill_kernel}")
-    out_w, _ = run_gpu(case, prefill_kernel=prefill_kernel, sliding_window=50, variant=variant)
-    check_close(out_w, run_ref(case, sliding_window=50), "bfloat16", f"{fmt} {shape} window 50")
+    ref, ref_w = run_ref(case), run_ref(case, sliding_window=50)
+    for pv in (PREFILL_VARIANTS if prefill_kernel else ("mma",)):
+        if pv == "wgmma" and _device_cc() != 90:
+            continue
+        out, plan = run_gpu(case, prefill_kernel=prefill_kernel, variant=variant, prefill_variant=pv)
+        assert (plan.n_pf > 0) == prefill_kernel
+        check_close(out, ref, "bfloat16", f"{fmt} {shape} prefill_kernel={prefill_kernel} {pv}")
+        out_w, _ = run_gpu(case, prefill_kernel=prefill_kernel, sliding_window=50, variant=variant,
+                           prefill_variant=pv)
+        check_close(out_w, ref_w, "bfloat16", f"{fmt} {shape} window 50 {pv}")
+
+
+def _device_cc():
+    import cupy
+
+    return int(cupy.cuda.Device().compute_capability)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

@@ -24,9 +24,18 @@ import pytest
 from kvlab import reference
 from kvlab.arrays import NUMPY_BF16
 
-from .test_paged_attention_gpu import FORMATS, build_case, check_close, run_gpu, run_ref
+from .test_paged_attention_gpu import (FORMATS, PREFILL_VARIANTS, build_case, check_close, run_gpu, run_ref,
+                                       skip_unless_prefill_variant_runs)
 
 CODES = {"auto": 0, "int8_per_token_head": 1, "fp8_per_token_head": 2, "int4_per_token_head": 3, "nvfp4": 4}
+
+
+@pytest.fixture(params=PREFILL_VARIANTS, ids=lambda v: f"prefill_{v}", name="prefill_variant")
+def _prefill_variant(request):
+    """Prefill kernel variant (``"mma"``: paged_prefill.cu; ``"wgmma"``: paged_prefill_wgmma.cu,
+    skipped on GPUs other than sm_90)."""
+    skip_unless_prefill_variant_runs(request.param)
+    return request.param
 
 
 def _case(rng, fmt, hkv, g, d, bs, q_lens, kv_lens, q_dtype=NUMPY_BF16):
@@ -37,37 +46,53 @@ def _case(rng, fmt, hkv, g, d, bs, q_lens, kv_lens, q_dtype=NUMPY_BF16):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(2, 4, 128, 16), (1, 1, 128, 32), (3, 3, 64, 32), (1, 8, 64, 16)],
                          ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
-def test_long_prompt_and_chunk(rng, fmt, shape):
+def test_long_prompt_and_chunk(rng, fmt, shape, prefill_variant):
     """A 700-token prompt (11 tiles, several CTAs) and a 150-token chunk after a 1,000-token prefix."""
     hkv, g, d, bs = shape
     q_lens = [700 + int(rng.integers(0, 40)), 150 + int(rng.integers(0, 20))]
     kv_lens = [q_lens[0], q_lens[1] + 1000 + int(rng.integers(0, 64))]
     case = _case(rng, fmt, hkv, g, d, bs, q_lens, kv_lens)
-    out, plan = run_gpu(case, prefill_kernel=True)
+    out, plan = run_gpu(case, prefill_kernel=True, prefill_variant=prefill_variant)
     assert plan.n_pf > 0
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape}")
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} {shape} {prefill_variant}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("window", [1, 63, 64, 65, 129, 300])
-def test_window_edges(rng, fmt, window):
+def test_window_edges(rng, fmt, window, prefill_variant):
     """Window edges on and next to tile boundaries (the mask-free test uses the window too)."""
     q_lens = [400 + int(rng.integers(0, 30)), 90]
     kv_lens = [q_lens[0], 90 + 640]
     case = _case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens)
-    out, _ = run_gpu(case, prefill_kernel=True, sliding_window=window)
-    check_close(out, run_ref(case, sliding_window=window), "bfloat16", f"{fmt} window={window}")
+    out, _ = run_gpu(case, prefill_kernel=True, sliding_window=window, prefill_variant=prefill_variant)
+    check_close(out, run_ref(case, sliding_window=window), "bfloat16",
+                f"{fmt} window={window} {prefill_variant}")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-def test_fp16_queries(rng, fmt):
+def test_fp16_queries(rng, fmt, prefill_variant):
     q_lens = [333, 70]
     kv_lens = [333, 70 + 200]
     case = _case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, q_dtype=np.float16)
-    out, _ = run_gpu(case, prefill_kernel=True)
-    check_close(out, run_ref(case), "float16", f"{fmt} fp16")
+    out, _ = run_gpu(case, prefill_kernel=True, prefill_variant=prefill_variant)
+    check_close(out, run_ref(case), "float16", f"{fmt} fp16 {prefill_variant}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["auto", "int4_per_token_head", "nvfp4"])
+def test_variants_agree_at_the_bench_shape(rng, fmt):
+    """A 2,048-token causal prompt at the benchmark's heads (32 query / 8 KV heads, d = 128, block
+    16): both prefill variants against the reference (many mask-free tiles, 64 CTAs per head)."""
+    skip_unless_prefill_variant_runs("wgmma")
+    T = 2048
+    case = _case(rng, fmt, 8, 4, 128, 16, [T], [T])
+    ref = run_ref(case)
+    for pv in ("mma", "wgmma"):
+        out, plan = run_gpu(case, prefill_kernel=True, prefill_variant=pv)
+        assert plan.n_pf > 0 and plan.n_items == 0
+        check_close(out, ref, "bfloat16", f"{fmt} T={T} {pv}")
 
 
 # ---------------------------------------------------------------- NumPy emulation (no GPU)

@@ -1,0 +1,166 @@
+"""Shared-memory layout and wgmma descriptors of the wgmma prefill kernel, checked without a GPU.
+
+``kernels_cu/paged_prefill_wgmma.cu`` stores Q, K and V tiles as wgmma core matrices
+(``wg::core_off`` in ``kernels_cu/wgmma.cuh``) and hands the tensor cores matrix descriptors
+(start address, LBO, SBO). Here a NumPy model of shared memory is filled the way the kernel's
+stores fill it (query prologue element stores, the decode's 16-byte unit stores, the auto
+path's cp.async units), and every operand that a wgmma of a tile reads is rebuilt from the
+descriptor the kernel builds, with the PTX ISA's canonical no-swizzle layout:
+
+* K-major (imm-trans 0): element (mn, k) at start + (mn/8)·SBO + (k/8)·LBO + (mn%8)·16 + (k%8)·2
+* MN-major (imm-trans 1): element (mn, k) at start + (mn/8)·SBO + (k/8)·LBO + (k%8)·16 + (mn%8)·2
+
+(LBO steps between core matrices adjacent in K, SBO between those adjacent in M/N). A wrong
+LBO/SBO, k-step, warpgroup offset or buffer offset reads the wrong elements and fails here; the
+swapped LBO/SBO reading of the V operand must fail (the check can fail). The descriptor
+constants are read from the kernel source, so editing them there is what gets checked.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from kvlab.cuda import loader
+
+ROWS, KT = 128, 64
+
+
+def core_off(row, col, cols):
+    """wg::core_off<COLS>(row, col) (kernels_cu/wgmma.cuh), bytes."""
+    return (row >> 3) * (16 * cols) + (col >> 3) * 128 + (row & 7) * 16 + (col & 7) * 2
+
+
+def desc_noswizzle(addr, lbo, sbo):
+    """wg::desc_noswizzle: start >> 4 in bits 0-13, LBO >> 4 in 16-29, SBO >> 4 in 32-45."""
+    return ((addr & 0x3FFFF) >> 4) | (((lbo >> 4) & 0x3FFF) << 16) | (((sbo >> 4) & 0x3FFF) << 32)
+
+
+def desc_fields(desc):
+    """(start, LBO, SBO, base offset, swizzle mode) in bytes, as the PTX ISA defines the fields."""
+    return ((desc & 0x3FFF) << 4, ((desc >> 16) & 0x3FFF) << 4, ((desc >> 32) & 0x3FFF) << 4,
+            (desc >> 49) & 0x7, (desc >> 62) & 0x3)
+
+
+def read_operand(smem, desc, mn, k, mn_major):
+    """The mn x k matrix of 16-bit elements a wgmma reads through ``desc`` (canonical, no swizzle)."""
+    start, lbo, sbo, base, swz = desc_fields(desc)
+    assert base == 0 and swz == 0
+    out = np.empty((mn, k), np.uint16)
+    for i in range(mn):
+        for j in range(k):
+            if mn_major:
+                a = start + (i // 8) * sbo + (j // 8) * lbo + (j % 8) * 16 + (i % 8) * 2
+            else:
+                a = start + (i // 8) * sbo + (j // 8) * lbo + (i % 8) * 16 + (j % 8) * 2
+            out[i, j] = smem[a // 2]
+    return out
+
+
+def kernel_constants():
+    """Descriptor constants and the shared-memory map as written in paged_prefill_wgmma.cu."""
+    src = (loader.kernels_dir() / "paged_prefill_wgmma.cu").read_text()
+    body = src[src.index("struct WgDesc"):]
+    body = body[: body.index("};")]
+    default = body.split("#ifndef KVLAB_WGMMA_V_SWAP_LBO_SBO")[1].split("#else")[0]
+
+    def val(text, name, d):
+        m = re.search(rf"{name} = ([^,;]+)[,;]", text)
+        assert m, name
+        return int(eval(m.group(1), {"D": d}))  # noqa: S307 - constant expressions of the source
+
+    return lambda d: dict(
+        QK_LBO=val(body, "QK_LBO", d), QK_SBO=val(body, "QK_SBO", d), V_LBO=val(default, "V_LBO", d),
+        V_SBO=val(default, "V_SBO", d), QK_KSTEP=val(body, "QK_KSTEP", d), V_KSTEP=val(body, "V_KSTEP", d),
+        UNIT=int(re.search(r"UNIT = (\d+);\s*// halves between", src).group(1)))
+
+
+def smem_map(d):
+    """WgSmem<D>: K tile, V tile, 128 parameter floats per buffer; two buffers; then Q."""
+    tile = KT * d * 2
+    buf = 2 * tile + 2 * KT * 4
+    return dict(TILE=tile, BUF=buf, Q_OFF=2 * buf, BYTES=2 * buf + ROWS * d * 2)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_smem_budget_matches_the_launch(d):
+    from kvlab.cuda.attention import prefill_smem_bytes
+
+    m = smem_map(d)
+    assert m["BYTES"] == prefill_smem_bytes(d, "wgmma") == 768 * d + 1024
+    assert ROWS * (d + 4) * 4 <= m["BYTES"]      # epilogue output rows reuse the whole window
+    assert m["TILE"] % 128 == 0 and m["BUF"] % 16 == 0 and m["Q_OFF"] % 16 == 0
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_unit_stores_land_on_core_matrix_rows(d):
+    """The decode's 16-byte stores (unit u of quarter `part` of token lt at idx(lt, part·D/4) +
+    UNIT·u halves) and the query prologue's element stores follow core_off exactly."""
+    unit = kernel_constants()(d)["UNIT"]
+    for lt in range(KT):
+        for part in range(4):
+            base = core_off(lt, part * d // 4, d) // 2
+            for u in range(d // 32):
+                assert base + unit * u == core_off(lt, part * d // 4 + 8 * u, d) // 2
+    # 8 consecutive tokens of one unit = one 128-byte core matrix: a conflict-free quarter-warp store
+    offs = sorted(core_off(t, 8, d) for t in range(8))
+    assert offs == list(range(offs[0], offs[0] + 128, 16))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("buf", [0, 1])
+def test_descriptors_read_q_k_and_v(d, buf):
+    c = kernel_constants()(d)
+    m = smem_map(d)
+    rng = np.random.default_rng(d + buf)
+    smem_base = 0x400  # the dynamic window starts after the static cs_sm floats (any 128-byte multiple)
+    smem = np.zeros((smem_base + m["BYTES"]) // 2, np.uint16)
+    Q = rng.integers(1, 60000, (ROWS, d), dtype=np.uint16)
+    K = rng.integers(1, 60000, (KT, d), dtype=np.uint16)
+    V = rng.integers(1, 60000, (KT, d), dtype=np.uint16)
+    kt0 = smem_base + buf * m["BUF"]
+    vt0 = kt0 + m["TILE"]
+    for r in range(ROWS):
+        for x in range(d):
+            smem[(smem_base + m["Q_OFF"] + core_off(r, x, d)) // 2] = Q[r, x]
+    for t in range(KT):
+        for x in range(d):
+            smem[(kt0 + core_off(t, x, d)) // 2] = K[t, x]
+            smem[(vt0 + core_off(t, x, d)) // 2] = V[t, x]
+    # descriptors as the kernel builds them: qdesc per warpgroup, kdesc0 / vdesc0 of buffer 0 plus
+    # (b·BUF_BYTES) >> 4, plus k-steps of (KSTEP >> 4)
+    bofs = (buf * m["BUF"]) >> 4
+    kdesc0 = desc_noswizzle(smem_base, c["QK_LBO"], c["QK_SBO"])
+    vdesc0 = desc_noswizzle(smem_base + m["TILE"], c["V_LBO"], c["V_SBO"])
+    for wgi in range(2):
+        qdesc = desc_noswizzle(smem_base + m["Q_OFF"] + wgi * 8 * (16 * d), c["QK_LBO"], c["QK_SBO"])
+        for k in range(d // 16):
+            a = read_operand(smem, qdesc + k * (c["QK_KSTEP"] >> 4), 64, 16, mn_major=False)
+            np.testing.assert_array_equal(a, Q[64 * wgi: 64 * wgi + 64, 16 * k: 16 * k + 16])
+    for k in range(d // 16):   # S = Q·K^T: B[n = token][k = dim], K-major
+        b = read_operand(smem, kdesc0 + bofs + k * (c["QK_KSTEP"] >> 4), KT, 16, mn_major=False)
+        np.testing.assert_array_equal(b, K[:, 16 * k: 16 * k + 16])
+    for kc in range(KT // 16):  # O = P·V: B[n = dim][k = token], MN-major (imm-trans-b = 1)
+        desc = vdesc0 + bofs + kc * (c["V_KSTEP"] >> 4)
+        b = read_operand(smem, desc, d, 16, mn_major=True)
+        np.testing.assert_array_equal(b, V[16 * kc: 16 * kc + 16, :].T)
+        # the other reading of LBO/SBO for the MN-major operand reads other elements
+        swapped = desc_noswizzle(desc_fields(desc)[0], c["V_SBO"], c["V_LBO"])
+        assert not np.array_equal(read_operand(smem, swapped, d, 16, mn_major=True), V[16 * kc: 16 * kc + 16, :].T)
+
+
+def test_descriptor_fields_and_no_carry():
+    """Field positions, and the kernel's descriptor arithmetic (adding (bytes >> 4) to the 64-bit
+    word) never carries out of the 14-bit start-address field for any start in 227 KB."""
+    dsc = desc_noswizzle(0x12340, 128, 2048)
+    assert desc_fields(dsc) == (0x12340, 128, 2048, 0, 0)
+    for d in (64, 128):
+        c, m = kernel_constants()(d), smem_map(d)
+        top = 0x400 + m["BYTES"]
+        assert top <= 227 * 1024
+        worst = 0x400 + m["Q_OFF"] + 8 * 16 * d + (d // 16 - 1) * c["QK_KSTEP"]
+        assert (worst >> 4) < (1 << 14)
+        base = desc_noswizzle(0x400, c["V_LBO"], c["V_SBO"])
+        for extra in range(0, m["BYTES"], 16):
+            assert desc_fields(base + (extra >> 4))[1:] == (c["V_LBO"], c["V_SBO"], 0, 0)
