@@ -155,16 +155,7 @@ def rht_mma_rows(bits, d, dtype_name, acc=np.float64):
             d_t = mma([A[lane][a] for lane in range(32)], [Bf[lane][tile] for lane in range(32)], dtype_name, acc)
             for lane in range(32):
                 z[lane][a][tile] = list(d_t[lane])
-    h = 1
-    while h < NA:                                  # H_NA butterflies over a
-        for lane in range(32):
-            for a in range(NA):
-                if a & h == 0:
-                    for tile in range(2):
-                        for i in range(4):
-                            u, v = z[lane][a][tile][i], z[lane][a + h][tile][i]
-                            z[lane][a][tile][i], z[lane][a + h][tile][i] = acc(u + v), acc(u - v)
-        h *= 2
+    group_butterflies(z, NA, acc)                  # H_NA over a
     y = np.full((16, d), np.nan)
     for lane in range(32):
         g, c = lane >> 2, lane & 3
@@ -213,6 +204,37 @@ def warp_rows(warp, lane, H):
     return [(t0, h0), (t0 + wrap, h0 + 8 - wrap * H)]
 
 
+def group_butterflies(z, n, acc, h=1):
+    """The in-register H_n stages over the group index a of z[lane][a][tile][k] (every k), from
+    stride h on: (u, v) -> (u + v, u - v), each rounded by ``acc``."""
+    while h < n:
+        for lane in range(32):
+            for a in range(n):
+                if a & h == 0:
+                    for tile in range(2):
+                        for k in range(len(z[lane][a][tile])):
+                            u, v = z[lane][a][tile][k], z[lane][a + h][tile][k]
+                            z[lane][a][tile][k], z[lane][a + h][tile][k] = acc(u + v), acc(u - v)
+        h *= 2
+
+
+def scatter_rows(y, rows, x, slots, side, cache, y_k, block_size, d):  # noqa: PLR0913
+    """The emulated kernels' tail: rotated row y[r] of (token t, head h) for each (r, (t, h)) in
+    ``rows`` — kept in y_k for the K side, rounded to the input dtype and stored as its cache row;
+    rows past the end (t >= T) and skipped slots store nothing."""
+    T = x.shape[0]
+    for r, (t, h) in rows:
+        if t >= T:
+            continue
+        if side == 0:
+            y_k[t, h] = y[r]
+        s = int(slots[t])
+        if s < 0:
+            continue
+        yr = round_to_input_dtype(y[r], x.dtype)
+        cache[s // block_size, side, s % block_size, h] = quad_row_bytes(yr, d)
+
+
 def emulate_write(key, value, cache, slots, acc=np.float64):
     """The whole tensor-core int4 write (warp tiles, partial last warp, slot < 0 skipped) into
     `cache` (uint8, (num_blocks, 2, block_size, H, d/2 + 4)), emulated. Returns the rotated
@@ -238,16 +260,7 @@ def emulate_write(key, value, cache, slots, acc=np.float64):
                 if t < T:
                     bits[tr] = x[t, h].view(np.uint16)
             y = rht_mma_rows(bits, d, dtype_name, acc)
-            for tr, (t, h) in tile_rows.items():
-                if t >= T:
-                    continue
-                if side == 0:
-                    y_k[t, h] = y[tr]
-                s = int(slots[t])
-                if s < 0:
-                    continue
-                yr = round_to_input_dtype(y[tr], x.dtype)
-                cache[s // block_size, side, s % block_size, h] = quad_row_bytes(yr, d)
+            scatter_rows(y, tile_rows.items(), x, slots, side, cache, y_k, block_size, d)
     return y_k
 
 
@@ -294,10 +307,19 @@ def test_emulated_write_matches_reference(d, dtype_name, T, H, seed):
     assert np.array_equal(got, want)
 
 
-def test_float32_accumulation_within_gpu_bar():
+def assert_codes_within_one(got, want, d):
+    """float32 accumulation (as the GPU) against the float64 reference: codes within 1, ≤ 1 % of
+    the bytes differ (rounding ties of the rotated value, SPEC 2.1)."""
+    lo = np.abs((got[..., : d // 2] & 0xF).astype(int) - (want[..., : d // 2] & 0xF))
+    hi = np.abs((got[..., : d // 2] >> 4).astype(int) - (want[..., : d // 2] >> 4))
+    assert max(lo.max(), hi.max()) <= 1
+    assert np.mean(got != want) <= 0.01
+
+
+def check_float32_accumulation(emulate, seed, **kw):
     """With float32 accumulation (the tensor core's class; SPEC 2.1's bar): codes within 1,
     >= 99 % of written bytes equal."""
-    rng = np.random.default_rng(7)
+    rng = np.random.default_rng(seed)
     T, H, d = 16, 8, 128
     fmt = get_format(INT4)
     key, value = random_kv(rng, (T, H, d), NUMPY_BF16), random_kv(rng, (T, H, d), NUMPY_BF16)
@@ -305,26 +327,20 @@ def test_float32_accumulation_within_gpu_bar():
     want = np.zeros(fmt.cache_shape(1, 16, H, d), np.uint8)
     ref_cache.reshape_and_cache(key, value, want, slots, INT4)
     got = np.zeros_like(want)
-    emulate_write(key, value, got, slots, acc=np.float32)
-    lo = np.abs((got[..., : d // 2] & 0xF).astype(int) - (want[..., : d // 2] & 0xF))
-    hi = np.abs((got[..., : d // 2] >> 4).astype(int) - (want[..., : d // 2] >> 4))
-    assert max(lo.max(), hi.max()) <= 1
-    assert np.mean(got != want) <= 0.01
+    emulate(key, value, got, slots, acc=np.float32, **kw)
+    assert_codes_within_one(got, want, d)
 
 
-def test_a_broken_index_is_caught():
-    """The emulation is sensitive to each formula: perturbing any one [layout] function breaks it."""
+def test_float32_accumulation_within_gpu_bar():
+    check_float32_accumulation(emulate_write, 7)
+
+
+def assert_each_perturbation_breaks(broken: dict, emulate, seed: int):
+    """Perturbing any one [layout] function (``name: (old text, new text)`` in int4_write_mma.cuh)
+    must break ``emulate``'s rotation or cache bytes: the emulation is sensitive to each formula."""
     global F
     text = (loader.kernels_dir() / "int4_write_mma.cuh").read_text()
-    broken = {
-        "mma_in_elem": ("32 * L + 8 * c + m", "32 * L + 8 * c + (m ^ 1)"),
-        "mma_group": ("2 * L + (wd >> 1)", "2 * L + (wd & 1)"),
-        "mma_a_reg": ("2 * (wd & 1) + r", "2 * r + (wd & 1)"),
-        "mma_b_neg": ("((k & n) >> 3)) & 1", "((k & n) >> 2)) & 1"),
-        "mma_out_slot": ("4 * (aout & 1) + 2 * tile + col", "4 * (aout & 1) + tile + 2 * col"),
-        "mma_out_elem": ("32 * (s >> 3) + 8 * c + (s & 7)", "32 * (s >> 3) + 8 * c + (s & 7 ^ 1)"),
-    }
-    rng = np.random.default_rng(11)
+    rng = np.random.default_rng(seed)
     key = random_kv(rng, (2, 8, 128), NUMPY_BF16)
     good = F
     try:
@@ -335,11 +351,23 @@ def test_a_broken_index_is_caught():
                 cache = np.zeros(get_format(INT4).cache_shape(1, 16, 8, 128), np.uint8)
                 want = cache.copy()
                 ref_cache.reshape_and_cache(key, key, want, np.arange(2), INT4)
-                y = emulate_write(key, key, cache, np.arange(2))
+                y = emulate(key, key, cache, np.arange(2))
                 np.testing.assert_allclose(y, rht(key), rtol=1e-12, atol=0)
                 assert np.array_equal(cache, want)
     finally:
         F = good
+
+
+def test_a_broken_index_is_caught():
+    """The emulation is sensitive to each formula: perturbing any one [layout] function breaks it."""
+    assert_each_perturbation_breaks({
+        "mma_in_elem": ("32 * L + 8 * c + m", "32 * L + 8 * c + (m ^ 1)"),
+        "mma_group": ("2 * L + (wd >> 1)", "2 * L + (wd & 1)"),
+        "mma_a_reg": ("2 * (wd & 1) + r", "2 * r + (wd & 1)"),
+        "mma_b_neg": ("((k & n) >> 3)) & 1", "((k & n) >> 2)) & 1"),
+        "mma_out_slot": ("4 * (aout & 1) + 2 * tile + col", "4 * (aout & 1) + tile + 2 * col"),
+        "mma_out_elem": ("32 * (s >> 3) + 8 * c + (s & 7)", "32 * (s >> 3) + 8 * c + (s & 7 ^ 1)"),
+    }, emulate_write, 11)
 
 
 def test_host_reads_the_switch(monkeypatch):
@@ -415,16 +443,7 @@ def rht_mma8_rows(bits, d, dtype_name, acc=np.float64, h2_mma=False):
                         a = F["mma8_out_group"](p, i)
                         assert z[lane][a][tile][i & 1] is None
                         z[lane][a][tile][i & 1] = dd[lane][i]
-    h = 2 if h2_mma else 1
-    while h < 8:
-        for lane in range(32):
-            for a in range(8):
-                if a & h == 0:
-                    for tile in range(2):
-                        for col in range(2):
-                            u, v = z[lane][a][tile][col], z[lane][a + h][tile][col]
-                            z[lane][a][tile][col], z[lane][a + h][tile][col] = acc(u + v), acc(u - v)
-        h *= 2
+    group_butterflies(z, 8, acc, 2 if h2_mma else 1)
     y = np.full((8, d), np.nan)
     for lane in range(32):
         g, c = lane >> 2, lane & 3
@@ -462,16 +481,7 @@ def emulate_write_mma8(key, value, cache, slots, acc=np.float64, h2_mma=False): 
             for g, (t, h) in enumerate(rows):
                 bits[g] = x[min(t, T - 1), h].view(np.uint16)   # tl = valid ? token : num_tokens - 1
             y = rht_mma8_rows(bits, d, dtype_name, acc, h2_mma)
-            for g, (t, h) in enumerate(rows):
-                if t >= T:
-                    continue
-                if side == 0:
-                    y_k[t, h] = y[g]
-                s = int(slots[t])
-                if s < 0:
-                    continue
-                yr = round_to_input_dtype(y[g], x.dtype)
-                cache[s // block_size, side, s % block_size, h] = quad_row_bytes(yr, d)
+            scatter_rows(y, enumerate(rows), x, slots, side, cache, y_k, block_size, d)
     return y_k
 
 
@@ -503,46 +513,16 @@ def test_emulated_write_mma8_matches_reference(d, dtype_name, T, H, seed, h2_mma
 
 @pytest.mark.parametrize("h2_mma", [False, True])
 def test_mma8_float32_accumulation_within_gpu_bar(h2_mma):
-    rng = np.random.default_rng(17)
-    T, H, d = 16, 8, 128
-    fmt = get_format(INT4)
-    key, value = random_kv(rng, (T, H, d), NUMPY_BF16), random_kv(rng, (T, H, d), NUMPY_BF16)
-    slots = np.arange(T, dtype=np.int64)
-    want = np.zeros(fmt.cache_shape(1, 16, H, d), np.uint8)
-    ref_cache.reshape_and_cache(key, value, want, slots, INT4)
-    got = np.zeros_like(want)
-    emulate_write_mma8(key, value, got, slots, acc=np.float32, h2_mma=h2_mma)
-    lo = np.abs((got[..., : d // 2] & 0xF).astype(int) - (want[..., : d // 2] & 0xF))
-    hi = np.abs((got[..., : d // 2] >> 4).astype(int) - (want[..., : d // 2] >> 4))
-    assert max(lo.max(), hi.max()) <= 1
-    assert np.mean(got != want) <= 0.01
+    check_float32_accumulation(emulate_write_mma8, 17, h2_mma=h2_mma)
 
 
 def test_mma8_broken_index_is_caught():
     """Perturbing any one of the 8-row [layout] functions breaks the emulated bytes."""
-    global F
-    text = (loader.kernels_dir() / "int4_write_mma.cuh").read_text()
-    broken = {
+    assert_each_perturbation_breaks({
         "mma8_pair": ("return a & 3;", "return (a >> 1) & 3;"),
         "mma8_half": ("return a >> 2;", "return a & 1;"),
         "mma8_out_group": ("return p + 4 * (i >> 1);", "return p + 4 * (i & 1);"),
-    }
-    rng = np.random.default_rng(12)
-    key = random_kv(rng, (2, 8, 128), NUMPY_BF16)
-    good = F
-    try:
-        for name, (old, new) in broken.items():
-            assert text.count(old) == 1, (name, old)
-            F = layout_functions(text.replace(old, new))
-            with pytest.raises(AssertionError):
-                cache = np.zeros(get_format(INT4).cache_shape(1, 16, 8, 128), np.uint8)
-                want = cache.copy()
-                ref_cache.reshape_and_cache(key, key, want, np.arange(2), INT4)
-                y = emulate_write_mma8(key, key, cache, np.arange(2))
-                np.testing.assert_allclose(y, rht(key), rtol=1e-12, atol=0)
-                assert np.array_equal(cache, want)
-    finally:
-        F = good
+    }, emulate_write_mma8, 12)
 
 
 def test_mma8_is_d128_16bit_only_and_needs_no_host_change():
