@@ -10,10 +10,13 @@ CuPy has no bf16 dtype, so bf16 comes as torch tensors.
 """
 from __future__ import annotations
 
+import functools
+import os
+
 from .. import arrays, validate
 from ..formats import get_format
 from . import launch as L
-from .loader import KernelSpec, compile_options, get_kernel, register
+from .loader import KernelSpec, get_kernel, register
 
 THREADS = 256
 HEAD_SIZES = (16, 32, 64, 128, 256, 512)
@@ -66,13 +69,25 @@ INT4_WRITE_MMA_MACRO = "KVLAB_INT4_WRITE_MMA"
 def int4_write_mma_enabled(options=None) -> bool:
     """Whether the write kernels are compiled with ``-DKVLAB_INT4_WRITE_MMA``.
 
-    Reads the loader's NVRTC options (``KVLAB_NVRTC_OPTIONS``), or ``options`` (a sequence of
-    option strings) when given. The kernel tests ``#if defined(KVLAB_INT4_WRITE_MMA)``, so any
-    value counts (``-DKVLAB_INT4_WRITE_MMA=0`` too). The switch changes the launch geometry
-    (:func:`_write_lanes`), so set the variable before the first write kernel is compiled in the
-    process and leave it: a module already compiled keeps the options it was compiled with.
+    Reads ``KVLAB_NVRTC_OPTIONS`` (the only user-set part of the loader's NVRTC options), or
+    ``options`` (a sequence of option strings) when given. The kernel tests
+    ``#if defined(KVLAB_INT4_WRITE_MMA)``, so any value counts (``-DKVLAB_INT4_WRITE_MMA=0`` too).
+    The switch changes the launch geometry (:func:`_write_lanes`), so set the variable before the
+    first write kernel is compiled in the process and leave it: a module already compiled keeps
+    the options it was compiled with. Every write asks this, so the environment's answer is
+    cached per value of the variable (the loader's full option list costs ~0.5 ms to build).
     """
-    opts = compile_options() if options is None else tuple(options)
+    if options is None:
+        return _mma_macro_in(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
+    return _has_mma_macro(tuple(options))
+
+
+@functools.lru_cache(maxsize=8)
+def _mma_macro_in(env_options: str) -> bool:
+    return _has_mma_macro(tuple(env_options.split()))
+
+
+def _has_mma_macro(opts: tuple) -> bool:
     for o in opts:
         for prefix in ("-D", "--define-macro="):
             if o.startswith(prefix):
