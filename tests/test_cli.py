@@ -135,3 +135,18 @@ def test_bench_without_gpu_is_one_line_and_exit_1(tmp_path):
     assert r.returncode == 1
     _one_line_error(r, "bench", "no CUDA GPU")
     assert not (tmp_path / "b").exists()
+
+
+def test_attention_bench_grids_cover_the_issue_shapes():
+    """Issue 4's benchmark grid: 32/8 heads at d = 128 and 64, the shipped model's 9/3 at d = 64;
+    decode batch 1/8/32/64 × 1k–128k, prefill 4k and 16k; --quick keeps the target shapes."""
+    from kvlab.bench import suite_decode, suite_prefill
+
+    pf = {(hq, hkv, d): set(lengths) for hq, hkv, d, lengths in suite_prefill._grid(False)}
+    assert pf[(32, 8, 128)] == {4096, 16384} and pf[(9, 3, 64)] == {4096, 16384} and (32, 8, 64) in pf
+    assert suite_prefill._grid(True) == [(32, 8, 128, (4096,))]
+    dec = dict(suite_decode._grid(False))
+    assert {b for b, _ in dec[(32, 8, 128)]} == {1, 8, 32, 64}
+    assert {c for _, c in dec[(32, 8, 128)]} >= {1024, 8192, 32768, 131072}
+    assert (9, 3, 64) in dec and (32, 8, 64) in dec
+    assert dict(suite_decode._grid(True))[(32, 8, 128)] == [(32, 8192), (1, 131072), (64, 4096)]

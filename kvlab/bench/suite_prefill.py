@@ -1,4 +1,6 @@
-"""Benchmark suite ``prefill``: causal prompts of 4,096 and 16,384 tokens, 32 query / 8 KV heads, d = 128.
+"""Benchmark suite ``prefill``: causal prompts of 4,096 and 16,384 tokens (:func:`_grid`): 32 query /
+8 KV heads at d = 128 (the target shape; ``--quick``: 4,096 tokens only), the shipped model's
+9 / 3 heads at d = 64, and 32 / 8 heads at d = 64.
 
 One sequence whose whole prompt is the query (query length = KV length, causal), read from
 a paged cache of each format (block size 16, blocks in random order). Baseline in the same
@@ -21,7 +23,14 @@ from .timing import bench_ms, copy_bandwidth_gbps, gbps
 
 NAME = "prefill"
 FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
-HQ, HKV, D, BLOCK_SIZE = 32, 8, 128, 16
+BLOCK_SIZE = 16
+
+
+def _grid(quick: bool) -> list:
+    """(query heads, KV heads, head size, prompt lengths) of the suite."""
+    if quick:
+        return [(32, 8, 128, (4096,))]
+    return [(32, 8, 128, (4096, 16384)), (9, 3, 64, (4096, 16384)), (32, 8, 64, (4096,))]
 
 
 def prefill_variants() -> tuple:
@@ -43,11 +52,11 @@ def run(quick: bool, progress) -> list[dict]:
     from .suite_decode import build_batch
 
     repeats = 5 if quick else 15
-    lengths = (4096,) if quick else (4096, 16384)
     variants = prefill_variants()
-    progress.total(len(lengths) * (len(FORMATS) * len(variants) + 1))
+    grid = [(HQ, HKV, D, T) for HQ, HKV, D, lengths in _grid(quick) for T in lengths]
+    progress.total(len(grid) * (len(FORMATS) * len(variants) + 1))
     rows = []
-    for T in lengths:
+    for HQ, HKV, D, T in grid:
         case = f"T={T} causal {HQ}/{HKV} d={D}"
         b = build_batch(torch, 1, T, HQ, HKV, D, seed=7)
         g = torch.Generator(device="cuda").manual_seed(11)
