@@ -6,7 +6,9 @@
 //   * int4: code c (0..15) -> fp16 bits 0x6400|c = 1024 + c (exact); the zero point and
 //     the 1024 are folded into the dot product: q·((c - zp)·s) = s·(q·(1024 + c) - (1024 + zp)·Σq)
 //     (SPEC 2.1 read path, in the rotated domain). For V the offset is bf16 0x4300|c = 128 + c
-//     and Σ_t P'_t·(128 + zp_t) is subtracted per query column.
+//     and Σ_t P'_t·(128 + zp_t) is subtracted per query column. The decode kernels' Q·K of int4
+//     does not use the fp16 operands: it runs on the integer tensor cores with the nibbles as
+//     they are stored (ImmaQK below); the prefill kernels use the fp16 form.
 //   * int8: byte b -> fp16 bits 0x6400|(b ^ 0x80) = 1152 + c (exact), fold 1152·Σq.
 //   * fp8 E4M3: K: cvt to fp16 (exact: E4M3 ⊂ fp16); V: bits moved into bf16 as value·2^-120
 //     (exact), the 2^120 split between P' (2^64) and the output (2^56).

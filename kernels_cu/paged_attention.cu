@@ -6,9 +6,10 @@
 //   that share a KV head — and a range of KV positions (one split of flash-decoding).
 //   Decode (query length 1) puts the G query heads of a KV head in the columns, so each KV
 //   byte is read once per group. The 4 warps of the CTA take 16-token tiles of the range in
-//   turn; per tile a warp computes S^T = K·Q^T (m16 tokens x n8 columns x k = D, tensor-core
-//   mma on operands decoded in registers, see attention_common.cuh), the online softmax per
-//   column, then O^T += V^T·P^T (m16 dims x n8 columns x k16 tokens). Warps are merged in
+//   turn; per tile a warp computes S = Q·K^T (columns x 16 tokens x k = D, tensor-core mma on
+//   operands decoded in registers — int4 on the integer tensor cores — see head_tile_math and
+//   attention_common.cuh), the online softmax per column, then O^T += V^T·P^T (m16 dims x n8
+//   columns x k16 tokens). Warps are merged in
 //   shared memory; the CTA writes the final output (one split) or a float32 partial
 //   (m, l, unnormalized o) that paged_attention_reduce<D, T, ROT> merges.
 //   INT4: the query is rotated in the prologue (RHT, hadamard.cuh) and the output
