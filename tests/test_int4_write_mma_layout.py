@@ -286,25 +286,34 @@ CASES = [  # (d, dtype, T, H): H = 8 is the benchmark's; T·H not a multiple of 
 ]
 
 
-@pytest.mark.parametrize("d,dtype_name,T,H", CASES)
-@pytest.mark.parametrize("seed", [1, 2, 3])
-def test_emulated_write_matches_reference(d, dtype_name, T, H, seed):
-    """Rotated vectors = reference RHT (float64); cache bytes = reference bytes, untouched rows too."""
-    rng = np.random.default_rng([seed, d, T, H])
+def check_emulated_write(emulate, rng, d, dtype_name, T, H, skip_first=False, **kw):
+    """An emulated write on fresh random rows and a ragged slot mapping with skipped (-1) slots,
+    into a poisoned cache: rotated vectors = the float64 reference RHT; cache bytes = the
+    reference's, untouched rows (skipped and never-written slots) included."""
     dt = DTYPES[dtype_name]
     fmt = get_format(INT4)
     block_size = 16
     num_blocks = -(-T // block_size) + 2
     key, value = random_kv(rng, (T, H, d), dt), random_kv(rng, (T, H, d), dt)
     slots = ragged_slots(rng, T, num_blocks, block_size)
-    assert (slots < 0).any() and (T * H) % 16 != 0
+    if skip_first:
+        slots[0] = -1
+    assert (slots < 0).any()
     poison = rng.integers(0, 256, size=fmt.cache_shape(num_blocks, block_size, H, d), dtype=np.uint8)
     want = poison.copy()
     ref_cache.reshape_and_cache(key, value, want, slots, INT4)
     got = poison.copy()
-    y = emulate_write(key, value, got, slots)
+    y = emulate(key, value, got, slots, **kw)
     np.testing.assert_allclose(y, rht(key), rtol=1e-12, atol=0)
     assert np.array_equal(got, want)
+
+
+@pytest.mark.parametrize("d,dtype_name,T,H", CASES)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_emulated_write_matches_reference(d, dtype_name, T, H, seed):
+    """16 rows per warp; T·H not a multiple of 16 (a partial last warp)."""
+    assert (T * H) % 16 != 0
+    check_emulated_write(emulate_write, np.random.default_rng([seed, d, T, H]), d, dtype_name, T, H)
 
 
 def assert_codes_within_one(got, want, d):
@@ -492,23 +501,9 @@ MMA8_CASES = [(128, "bfloat16", 9, 8), (128, "float16", 7, 3), (128, "bfloat16",
 @pytest.mark.parametrize("d,dtype_name,T,H", MMA8_CASES)
 @pytest.mark.parametrize("seed", [1, 2])
 def test_emulated_write_mma8_matches_reference(d, dtype_name, T, H, seed, h2_mma):
-    """8 rows per warp: rotated vectors = reference RHT; cache bytes = reference bytes, untouched
-    rows (slot -1, never-written slots) too."""
-    rng = np.random.default_rng([seed, d, T, H, 8])
-    dt = DTYPES[dtype_name]
-    fmt = get_format(INT4)
-    block_size = 16
-    num_blocks = -(-T // block_size) + 2
-    key, value = random_kv(rng, (T, H, d), dt), random_kv(rng, (T, H, d), dt)
-    slots = ragged_slots(rng, T, num_blocks, block_size)
-    slots[0] = -1
-    poison = rng.integers(0, 256, size=fmt.cache_shape(num_blocks, block_size, H, d), dtype=np.uint8)
-    want = poison.copy()
-    ref_cache.reshape_and_cache(key, value, want, slots, INT4)
-    got = poison.copy()
-    y = emulate_write_mma8(key, value, got, slots, h2_mma=h2_mma)
-    np.testing.assert_allclose(y, rht(key), rtol=1e-12, atol=0)
-    assert np.array_equal(got, want)
+    """8 rows per warp (the grid tail loads the last token's rows and stores nothing)."""
+    check_emulated_write(emulate_write_mma8, np.random.default_rng([seed, d, T, H, 8]), d, dtype_name, T, H,
+                         skip_first=True, h2_mma=h2_mma)
 
 
 @pytest.mark.parametrize("h2_mma", [False, True])
