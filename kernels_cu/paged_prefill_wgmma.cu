@@ -86,6 +86,8 @@ struct WgDesc {
 // Skip (no rows reach the tile) and mask-free decisions are per warpgroup (a wgmma is issued
 // by all 128 threads of a warpgroup). Output rows go through shared memory (epilogue shared
 // with the mma.sync kernel).
+// -DKVLAB_WGMMA_PIPELINE (three buffers): S of tile i+1 is issued before the softmax of tile i
+// and runs under it; the decode writes tile i+2 (docs/notes-prefill-wgmma.md, 2026-11-29).
 // ====================================================================================
 template <int FMT, int D, typename T>
 __global__ void __launch_bounds__(WG_NW * 32, 1)
