@@ -80,6 +80,22 @@ def test_window_edges(rng, fmt, window, prefill_variant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("window", [64, 130])
+def test_window_starts_a_tile_later_for_the_second_warpgroup(rng, fmt, window, prefill_variant):
+    """GQA 1: a CTA's two warpgroups hold 64 tokens each, so with a window the second warpgroup's
+    first tile comes one or more tiles after the first warpgroup's (the pipelined build,
+    -DKVLAB_WGMMA_PIPELINE, computes that tile's S itself instead of taking it from the previous
+    tile); both a pure prompt and a chunk after a prefix (unaligned positions)."""
+    q_lens = [384 + int(rng.integers(0, 20)), 200]
+    kv_lens = [q_lens[0], 200 + 333]
+    case = _case(rng, fmt, 1, 1, 128, 16, q_lens, kv_lens)
+    out, _ = run_gpu(case, prefill_kernel=True, sliding_window=window, prefill_variant=prefill_variant)
+    check_close(out, run_ref(case, sliding_window=window), "bfloat16",
+                f"{fmt} g1 window={window} {prefill_variant}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", FORMATS)
 def test_fp16_queries(rng, fmt, prefill_variant):
     q_lens = [333, 70]
     kv_lens = [333, 70 + 200]
