@@ -55,7 +55,7 @@ import numpy as np
 
 from .. import arrays, validate
 from . import launch as L
-from .loader import KernelSpec, compile_options, get_kernel, register
+from .loader import KernelSpec, get_kernel, register
 
 FAMILY = "paged_attention"
 PREFILL_FAMILY = "paged_prefill"
@@ -175,12 +175,13 @@ WGMMA_PIPELINE_MACRO = "-DKVLAB_WGMMA_PIPELINE"
 
 
 def wgmma_pipeline() -> bool:
-    """True when the loader's NVRTC options (``KVLAB_NVRTC_OPTIONS``) define
-    ``KVLAB_WGMMA_PIPELINE`` (as ``-DKVLAB_WGMMA_PIPELINE`` or ``-DKVLAB_WGMMA_PIPELINE=…``: the
-    kernel tests ``#ifdef``). The options are read when a family is first compiled in a process;
-    change the variable between processes, not inside one."""
+    """True when ``KVLAB_NVRTC_OPTIONS`` (the only options of the loader's that a user sets,
+    :func:`kvlab.cuda.loader.compile_options`) defines ``KVLAB_WGMMA_PIPELINE``, as
+    ``-DKVLAB_WGMMA_PIPELINE`` or ``-DKVLAB_WGMMA_PIPELINE=…`` (the kernel tests ``#ifdef``). Read
+    at every launch (the environment only: no path lookups), while a family is compiled once per
+    process: change the variable between processes, not inside one."""
     return any(o == WGMMA_PIPELINE_MACRO or o.startswith(WGMMA_PIPELINE_MACRO + "=")
-               for o in compile_options())
+               for o in os.environ.get("KVLAB_NVRTC_OPTIONS", "").split())
 
 
 def prefill_smem_bytes(d: int, variant: str = "mma", pipeline: bool | None = None) -> int:
