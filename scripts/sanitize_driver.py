@@ -21,6 +21,8 @@ cupy.cuda.set_allocator(None)
 cupy.cuda.set_pinned_memory_allocator(None)
 rng = np.random.default_rng(7)
 DEV = "cuda"
+# the prefill kernels (kvlab.cuda.attention: "mma" everywhere, "wgmma" on compute capability 9.0)
+PREFILL_VARIANTS = ("mma", "wgmma") if cupy.cuda.Device(0).compute_capability == "90" else ("mma",)
 
 
 def t(a, dtype=None):
@@ -70,9 +72,12 @@ def main() -> int:
                 q = t(rng.standard_normal((int(qsl[-1]), H * 4, d)), torch.bfloat16)
                 for variant in ("per_head", "paged"):          # both decode kernels
                     os.environ["KVLAB_DECODE_VARIANT"] = variant
-                    for window in (None, 5):
-                        kvlab.paged_attention(q, cache, t(bt), t(seq_lens), t(qsl), fmt, sliding_window=window)
+                    for pv in PREFILL_VARIANTS:                  # both prefill kernels (wgmma on sm_90)
+                        os.environ["KVLAB_PREFILL_VARIANT"] = pv
+                        for window in (None, 5):
+                            kvlab.paged_attention(q, cache, t(bt), t(seq_lens), t(qsl), fmt, sliding_window=window)
                 os.environ.pop("KVLAB_DECODE_VARIANT")
+                os.environ.pop("KVLAB_PREFILL_VARIANT")
                 # decode batch with a long-ish context: the split-KV path and its reduction
                 nb2 = 40
                 cache2 = kvlab.allocate_cache(fmt, nb2, bs, H, d, like=key)

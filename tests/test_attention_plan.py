@@ -92,11 +92,13 @@ def test_paged_needs_sm90_and_at_most_8_column_groups(h200, monkeypatch):
     assert nbuf == 0 and "sm_90" in note and "sm_80" in note
 
 
-# ---- prefill_variant ("mma" | "wgmma") and KVLAB_PREFILL_VARIANT (host logic, CPU)
+# ---- prefill_variant ("auto" | "mma" | "wgmma") and KVLAB_PREFILL_VARIANT (host logic, CPU)
 def test_prefill_variant_default_env_and_argument(h200, monkeypatch):
     A = h200
     monkeypatch.delenv("KVLAB_PREFILL_VARIANT", raising=False)
-    assert A._resolve_prefill_variant(None, 0) == A.DEFAULT_PREFILL_VARIANT == "mma"
+    assert A.DEFAULT_PREFILL_VARIANT == "auto"
+    assert A._resolve_prefill_variant(None, 0) == "wgmma"    # "auto" on sm_90
+    assert A._resolve_prefill_variant("auto", 0) == "wgmma"
     monkeypatch.setenv("KVLAB_PREFILL_VARIANT", "wgmma")
     assert A._resolve_prefill_variant(None, 0) == "wgmma"
     assert A._resolve_prefill_variant("mma", 0) == "mma"   # the argument wins over the environment
@@ -107,10 +109,10 @@ def test_prefill_variant_errors_name_the_source(h200, monkeypatch, value, env):
     A = h200
     if env:
         monkeypatch.setenv("KVLAB_PREFILL_VARIANT", "mma2")
-        with pytest.raises(ValueError, match=r"^KVLAB_PREFILL_VARIANT: expected one of \['mma', 'wgmma'\], got 'mma2'"):
+        with pytest.raises(ValueError, match=r"^KVLAB_PREFILL_VARIANT: expected one of \['auto', 'mma', 'wgmma'\], got 'mma2'"):
             A._resolve_prefill_variant(None, 0)
     else:
-        with pytest.raises(ValueError, match=rf"^prefill_variant: expected one of \['mma', 'wgmma'\], got '{value}'"):
+        with pytest.raises(ValueError, match=rf"^prefill_variant: expected one of \['auto', 'mma', 'wgmma'\], got '{value}'"):
             A._resolve_prefill_variant(value, 0)
 
 
@@ -123,6 +125,9 @@ def test_wgmma_prefill_needs_sm90(h200, monkeypatch, cc):
     with pytest.raises(ValueError, match=rf"'wgmma' needs a GPU of compute capability 9.0.*sm_{cc}"):
         A._resolve_prefill_variant("wgmma", 0)
     assert A._resolve_prefill_variant("mma", 0) == "mma"
+    assert A._resolve_prefill_variant("auto", 0) == "mma"    # the default falls back to v2 off sm_90
+    monkeypatch.delenv("KVLAB_PREFILL_VARIANT", raising=False)
+    assert A._resolve_prefill_variant(None, 0) == "mma"
 
 
 def test_prefill_spec_and_smem_per_variant():
