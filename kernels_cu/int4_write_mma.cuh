@@ -98,23 +98,13 @@ template <typename T> __host__ __device__ constexpr MmaH16Table make_mma_h16_tab
 }
 __device__ const MmaH16Table kMmaH16Bf16 = make_mma_h16_table<__nv_bfloat16>();
 __device__ const MmaH16Table kMmaH16F16 = make_mma_h16_table<__half>();
-// ld.global.nc.v4.u32 of `base` + `off` bytes with the address formed inside the asm: around a
-// loop (the int4 write's grid-stride steps) the compiler cannot hoist the 64-bit address and keep
-// it live across the steps (it spilled at the 80-register bound); `base` is a __device__ symbol
-// (a uniform constant), `off` a 32-bit lane value. volatile: an L1 hit per call, where a plain
-// __ldg would be hoisted and keep the 4 loaded registers live all along.
-__device__ __forceinline__ void ld_nc_v4_at(const void* base, uint32_t off, uint32_t (&m)[4]) {
-  asm volatile("{\n\t.reg .u64 a;\n\tcvt.u64.u32 a, %5;\n\tadd.u64 a, a, %4;\n\t"
-               "ld.global.nc.v4.u32 {%0, %1, %2, %3}, [a];\n\t}"
-               : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
-               : "l"(base), "r"(off));
-}
 template <typename T>
 __device__ __forceinline__ void mma_h16_fragments_table(int lane, uint32_t (&b)[2][2]) {
   const MmaH16Table& t = MmaOne<T>::BITS == 0x3F80u ? kMmaH16Bf16 : kMmaH16F16;
-  uint32_t m[4];
-  ld_nc_v4_at(t.w, static_cast<uint32_t>(lane) * 16u, m);
-  b[0][0] = m[0], b[0][1] = m[1], b[1][0] = m[2], b[1][1] = m[3];
+  // volatile (an L1 hit per call): a plain __ldg is hoisted and keeps 4 registers live all along
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(b[0][0]), "=r"(b[0][1]), "=r"(b[1][0]), "=r"(b[1][1])
+               : "l"(t.w[lane]));
 }
 
 // d = A · B (+ 0), m16n8k16, A row-major 16-bit, B column-major 16-bit, float32 accumulators.
@@ -233,8 +223,11 @@ __device__ __forceinline__ void rht_mma8_row(const uint4 (&raw)[4], const uint32
 #pragma unroll
   for (int L = 0; L < 4; ++L) {
     // s ⊙ x on the raw words (exact); the mask per side, as rht_mma_rows does
+    const uint32_t* mp = kRhtSignMask16.w + mma_in_elem(L, c, 0) / 2;
     uint32_t m[4];
-    ld_nc_v4_at(kRhtSignMask16.w, static_cast<uint32_t>(mma_in_elem(L, c, 0) / 2) * 4u, m);
+    asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(m[0]), "=r"(m[1]), "=r"(m[2]), "=r"(m[3])
+                 : "l"(mp));
     const uint32_t w[4] = {raw[L].x ^ m[0], raw[L].y ^ m[1], raw[L].z ^ m[2], raw[L].w ^ m[3]};
 #pragma unroll
     for (int wd = 0; wd < 4; ++wd) {

@@ -672,13 +672,9 @@ __device__ __forceinline__ Int4Params int4_qparams_recip(float mn, float mx) {
 // differs and whose rare path is this same code.
 // BYTE_CODES (MMA8): codes by int4_chunk_codes_bytes. ZP_RECIP (MMA8): qparams by
 // int4_qparams_recip.
-// `src`: the lane's first input element as a pointer, or a callable returning it (rare_src),
-// which lets a caller keep the pointer out of registers until the rare path needs it.
-template <typename T> __device__ __forceinline__ const T* rare_src(const T* p) { return p; }
-template <typename F> __device__ __forceinline__ auto rare_src(const F& f) -> decltype(f()) { return f(); }
-template <int D, typename T, typename G, bool BYTE_CODES = false, bool ZP_RECIP = false, typename Src = const T*>
+template <int D, typename T, typename G, bool BYTE_CODES = false, bool ZP_RECIP = false>
 __device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn, float mx, bool active, int lig,
-                                                    uint8_t* row, const Src& src_or_fn) {
+                                                    uint8_t* row, const T* src) {
   constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
   static_assert(!BYTE_CODES || VEC == 8, "int4_chunk_codes_bytes: 8 codes per word");
   const bool flag = !(__fsub_rn(mx, mn) <= 3.402823466e38f);  // NaN, ±inf or overflow
@@ -690,7 +686,6 @@ __device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn
     // on zeros here and stores nothing); x is reloaded in place (its common-path values are
     // not needed any more)
     bool nonfinite = false;
-    const T* src = rare_src(src_or_fn);
 #pragma unroll
     for (int c = 0; c < NC; ++c) {
       uint4 r = make_uint4(0, 0, 0, 0);
@@ -803,9 +798,9 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
 template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() {
   return FMT == FMT_INT4 && sizeof(T) == 2 && D == 128;
 }
-template <int D, typename T, typename Src>
+template <int D, typename T>
 __device__ __forceinline__ void rotate_encode_store_int4_mma8(const uint4 (&raw)[4], bool active, int lig,
-                                                              uint8_t* row, const Src& src) {
+                                                              uint8_t* row, const T* src) {
   using G = Int4Geometry<D, T>;
   uint32_t b[2][2];  // H_16 as the mma's B operand
   mma_h16_fragments_table<T>(threadIdx.x & 31, b);
@@ -819,97 +814,46 @@ __device__ __forceinline__ void rotate_encode_store_int4_mma8(const uint4 (&raw)
   static_assert(mma_out_slot(0, 0, 1) == mma_out_slot(0, 0, 0) + 1, "a pair of columns = a pair of elements");
   float x[G::EPT], mn, mx;
   minmax_unpack<T, G::EPT>(pk, x, mn, mx);
-  quantize_store_int4<D, T, G, true, true, Src>(x, mn, mx, active, lig, row, src);
+  quantize_store_int4<D, T, G, true, true>(x, mn, mx, active, lig, row, src);
 }
 
-// The whole int4 write with rht_mma8_row: the base kernel's rows and lanes (group = 8 rows per
-// warp, lane c of the quad = lig), two changes around the rotation that cut per-thread
-// instructions: the loads address one base pointer with immediate offsets, and the grid tail
-// (token >= num_tokens, the last warp's missing rows) loads the last token's rows (valid memory)
-// instead of zeroing 32 registers — it stores nothing either way (slot -1), and its rare path
-// reads nothing.
-//
-// A warp walks its 8-row groups in steps of the grid's row count (groups g0, g0 + stride, … with
-// g0 = 8·warp, stride = 8·warps in the grid), so the host launches one resident wave
-// (kvlab/cuda/cache.py `_write_grid`: every warp ~20 steps at the benchmark shape); with a grid
-// of one warp per group the loop runs once. At the start of a step the warp asks L2 for the next
-// step's K and V rows (`prefetch.global.L2`, one 128-byte line per lane: 2 lines of K, 2 of V per
-// row), so DRAM keeps streaming while the warp computes, and the next step's loads, issued after
-// this step's stores, hit L2. (Issuing them into registers earlier would need K's 16 registers
-// live during V's math: above the 85 that 3 blocks/SM allow, and it spilled.) The loop bound is
-// per warp (g0 is the warp's first row), as mma.sync and the quad ballots need the whole warp.
-// Row indices are 32-bit here: the host sends this path num_tokens·H < 2^31 only (cache.py).
-struct Int4Mma8Row {
-  int token;  // clamped to num_tokens - 1 past the end (loads stay in bounds)
-  int h;
-  bool valid;  // token < num_tokens
-};
-__device__ __forceinline__ Int4Mma8Row int4_mma8_row(int group, int num_tokens, int H) {
-  Int4Mma8Row r;
-  const int token = group / H;
-  r.h = group - token * H;
-  r.valid = token < num_tokens;
-  r.token = r.valid ? token : num_tokens - 1;  // num_tokens >= 1 (cache.py)
-  return r;
-}
+// The whole int4 write with rht_mma8_row: the base kernel's rows and lanes (group = thread / 4,
+// lane c of the quad = lig), two changes around the rotation that cut per-thread instructions:
+// the loads address one base pointer with immediate offsets, and the grid tail (token >=
+// num_tokens, the last warp's missing rows) loads the last token's rows (valid memory) instead of
+// zeroing 32 registers — it stores nothing either way (slot -1), and its rare path reads nothing.
 template <int D, typename T>
 __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict__ key, const T* __restrict__ value,
                                                             long long key_stride, long long value_stride,
                                                             uint8_t* __restrict__ cache,
                                                             const long long* __restrict__ slot_mapping,
-                                                            long long num_tokens64, int H, int block_size) {
+                                                            long long num_tokens, int H, int block_size) {
   using G = Int4Geometry<D, T>;
   constexpr int LANES = G::LANES, VEC = G::VEC, NC = G::NC;
-  static_assert(LANES == 4 && D * sizeof(T) == 256, "8 rows per warp, 2 lines of 128 bytes per row and side");
-  const int num_tokens = static_cast<int>(num_tokens64);
   const int lig = threadIdx.x & (LANES - 1);
-  const int wrow = (threadIdx.x & 31) / LANES;  // the lane's row among the warp's 8
-  const int ngroups = num_tokens * H;
-  const int stride = gridDim.x * (blockDim.x / LANES);
-  int g0 = (blockIdx.x * blockDim.x + (threadIdx.x & ~31u)) / LANES;
-  if (g0 >= ngroups) return;  // a whole warp past the end (a grid with more warps than rows)
+  const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
+  const long long token = group / H;
+  const int h = static_cast<int>(group - token * H);
+  const bool valid = token < num_tokens;
+  long long slot = -1;
+  if (valid) slot = slot_mapping[token];
+  const bool active = slot >= 0;
+  const long long tl = valid ? token : num_tokens - 1;  // num_tokens >= 1 (cache.py)
+  const T* ksrc = key + tl * key_stride + h * D + lig * VEC;
+  const T* vsrc = value + tl * value_stride + h * D + lig * VEC;
+  uint4 rk[NC], rv[NC];
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {  // chunk c at + c·VEC·LANES elements = c·LANES 16-byte words
+    rk[c] = __ldg(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
+    rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
+  }
+  const long long blk = active ? slot / block_size : 0;
+  const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
   constexpr long long ROW = row_bytes<FMT_INT4>(D);
   const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
-  while (true) {
-    const Int4Mma8Row r = int4_mma8_row(g0 + wrow, num_tokens, H);
-    const long long slot = r.valid ? slot_mapping[r.token] : -1;
-    const T* ksrc = key + r.token * key_stride + r.h * D + lig * VEC;
-    const T* vsrc = value + r.token * value_stride + r.h * D + lig * VEC;
-    // chunk c at + c·VEC·LANES elements = c·LANES 16-byte words
-    uint4 rk[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) rk[c] = __ldg(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
-#if !defined(KVLAB_INT4_MMA8_SERIAL)
-    uint4 rv[NC];  // V's loads issued with K's (-DKVLAB_INT4_MMA8_SERIAL: after K's math, 16 registers less)
-#pragma unroll
-    for (int c = 0; c < NC; ++c) rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
-#endif
-#if !defined(KVLAB_INT4_MMA8_NO_PREFETCH)
-    {  // lanes 0, 1: K's two lines of the next step's row; lanes 2, 3: V's (past the end: the last
-       // token's, clamped like the loads, and harmless)
-      const Int4Mma8Row rn = int4_mma8_row(min(g0, ngroups - stride) + stride + wrow, num_tokens, H);
-      const T* side = lig < 2 ? key + rn.token * key_stride : value + rn.token * value_stride;
-      asm volatile("prefetch.global.L2 [%0];" ::"l"(side + rn.h * D + (lig & 1) * (D / 2)));
-    }
-#endif
-    const bool active = slot >= 0;
-    const long long blk = active ? slot / block_size : 0;
-    const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
-    uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + r.h) * ROW;
-    // the rare path's re-read recomputes its source from (token, h): 2 live registers, not 4
-    const int tok = r.token, h = r.h;
-    rotate_encode_store_int4_mma8<D, T>(rk, active, lig, row_k,
-                                        [=] { return key + tok * key_stride + h * D + lig * VEC; });
-#if defined(KVLAB_INT4_MMA8_SERIAL)
-    uint4 rv[NC];
-#pragma unroll
-    for (int c = 0; c < NC; ++c) rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
-#endif
-    rotate_encode_store_int4_mma8<D, T>(rv, active, lig, row_k + side_bytes,
-                                        [=] { return value + tok * value_stride + h * D + lig * VEC; });
-    if (g0 >= ngroups - stride) break;  // uniform over the warp (no int overflow)
-    g0 += stride;
-  }
+  uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
+  rotate_encode_store_int4_mma8<D, T>(rk, active, lig, row_k, ksrc);
+  rotate_encode_store_int4_mma8<D, T>(rv, active, lig, row_k + side_bytes, vsrc);
 }
 #else
 template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() { return false; }
@@ -1015,32 +959,15 @@ template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma_any() {
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
 // int4 (16-bit input, d = 64..256): 3 resident blocks/SM (<= 85 registers) on sm_90; sm_80's
 // register allocation spills at that bound (d = 128), so 2 there.
-// (-DKVLAB_INT4_WRITE_BLOCKS=N overrides it, for experiments: the host reads the residency from
-// the compiled kernel's registers, kvlab/cuda/cache.py `_write_grid`.)
-#if !defined(KVLAB_INT4_WRITE_BLOCKS)
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVLAB_INT4_WRITE_BLOCKS 3
 #else
 #define KVLAB_INT4_WRITE_BLOCKS 2
 #endif
-#endif
 // the tensor-core int4 path (two rows per lane): see reshape_and_cache_int4_mma
 #define KVLAB_INT4_MMA_WRITE_BLOCKS 2
-// -DKVLAB_INT4_MMA8_SERIAL=4 (experiment): the MMA8 write with V loaded after K's math at 4
-// blocks/SM (64 registers) on sm_90
-#if defined(KVLAB_INT4_MMA8_SERIAL) && (KVLAB_INT4_MMA8_SERIAL + 0) == 4 && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define KVLAB_INT4_MMA8_WRITE_BLOCKS 4
-#else
-#define KVLAB_INT4_MMA8_WRITE_BLOCKS KVLAB_INT4_WRITE_BLOCKS
-#endif
-template <int FMT, int D, typename T> constexpr int write_min_blocks() {
-  if constexpr (int4_write_uses_mma_any<FMT, D, T>()) return KVLAB_INT4_MMA_WRITE_BLOCKS;
-  else if constexpr (int4_write_uses_mma8<FMT, D, T>()) return KVLAB_INT4_MMA8_WRITE_BLOCKS;
-  else if constexpr (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D >= 64 && D <= 256) return KVLAB_INT4_WRITE_BLOCKS;
-  else return 2;
-}
 template <int FMT, int D, typename T, bool SWIZZLE>
-__global__ void __launch_bounds__(256, write_min_blocks<FMT, D, T>()) reshape_and_cache(
+__global__ void __launch_bounds__(256, int4_write_uses_mma_any<FMT, D, T>() ? KVLAB_INT4_MMA_WRITE_BLOCKS : (FMT == kvlab::FMT_INT4 && sizeof(T) == 2 && D >= 64 && D <= 256) ? KVLAB_INT4_WRITE_BLOCKS : 2) reshape_and_cache(
     const T* __restrict__ key, const T* __restrict__ value, long long key_stride,
     long long value_stride, uint8_t* __restrict__ cache, const long long* __restrict__ slot_mapping,
     long long num_tokens, int H, int block_size, float k_scale, float v_scale) {

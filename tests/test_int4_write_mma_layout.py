@@ -467,37 +467,30 @@ def rht_mma8_rows(bits, d, dtype_name, acc=np.float64, h2_mma=False):
     return y
 
 
-def emulate_write_mma8(key, value, cache, slots, acc=np.float64, h2_mma=False, blocks=None):  # noqa: PLR0913
+def emulate_write_mma8(key, value, cache, slots, acc=np.float64, h2_mma=False):  # noqa: PLR0913
     """reshape_and_cache_int4_mma8, emulated: 4 threads per row (cache.py _write_lanes, unchanged),
-    warp w starts at rows g0 = 8w … 8w + 7 and steps by the grid's rows (8 per warp) while
-    g0 < T·H; ``blocks`` 256-thread blocks (None: cache.py's grid with KVLAB_INT4_WRITE_GRID=full,
-    one step per warp); rows past the end load the last token's rows and store nothing; slot < 0
-    stores nothing. Returns K's rotated rows."""
+    warp w = rows 8w … 8w + 7, grid rounded up to whole 256-thread blocks; rows past the end load
+    the last token's rows and store nothing; slot < 0 stores nothing. Returns K's rotated rows."""
     T, H, d = key.shape
     dtype_name = "bfloat16" if key.dtype == NUMPY_BF16 else "float16"
     block_size = cache.shape[2]
     from kvlab.cuda.cache import _write_lanes  # noqa: PLC0415 (cupy-free import)
     lanes = _write_lanes(INT4, d, 2)
     assert lanes == 4
-    if blocks is None:
-        blocks = -(-(T * H * lanes) // 256)
-    ngroups, stride = T * H, blocks * 256 // lanes
+    threads = -(-(T * H * lanes) // 256) * 256
     y_k = np.full((T, H, d), np.nan)
-    for warp in range(blocks * 256 // 32):
-        g0 = warp * 32 // lanes                      # (blockIdx.x·blockDim.x + (threadIdx.x & ~31)) / LANES
-        if g0 >= ngroups:
-            continue                                 # the whole warp returns
-        while True:
-            rows = [divmod(g0 + g, H) for g in range(8)]   # int4_mma8_row(g0 + wrow)
-            for side, x in enumerate((key, value)):
-                bits = np.zeros((8, d), np.uint16)
-                for g, (t, h) in enumerate(rows):
-                    bits[g] = x[min(t, T - 1), h].view(np.uint16)   # token clamped to num_tokens - 1
-                y = rht_mma8_rows(bits, d, dtype_name, acc, h2_mma)
-                scatter_rows(y, enumerate(rows), x, slots, side, cache, y_k, block_size, d)
-            if g0 >= ngroups - stride:
-                break
-            g0 += stride
+    for warp in range(threads // 32):
+        rows = []
+        for g in range(8):
+            group = (warp * 32 + 4 * g) // lanes     # (blockIdx.x·blockDim.x + threadIdx.x) / LANES
+            token, h = divmod(group, H)
+            rows.append((token, h))
+        for side, x in enumerate((key, value)):
+            bits = np.zeros((8, d), np.uint16)
+            for g, (t, h) in enumerate(rows):
+                bits[g] = x[min(t, T - 1), h].view(np.uint16)   # tl = valid ? token : num_tokens - 1
+            y = rht_mma8_rows(bits, d, dtype_name, acc, h2_mma)
+            scatter_rows(y, enumerate(rows), x, slots, side, cache, y_k, block_size, d)
     return y_k
 
 
@@ -511,46 +504,6 @@ def test_emulated_write_mma8_matches_reference(d, dtype_name, T, H, seed, h2_mma
     """8 rows per warp (the grid tail loads the last token's rows and stores nothing)."""
     check_emulated_write(emulate_write_mma8, np.random.default_rng([seed, d, T, H, 8]), d, dtype_name, T, H,
                          skip_first=True, h2_mma=h2_mma)
-
-
-@pytest.mark.parametrize("T,H", [(9, 8), (33, 3), (8, 8), (17, 5)])
-def test_emulated_write_mma8_grid_stride(T, H):
-    """A grid of one block (64 rows per step): warps loop over 2–3 steps, the last step partly past
-    the end, some warps start past it (return) — every row rotated and stored, bytes as the reference's."""
-    check_emulated_write(emulate_write_mma8, np.random.default_rng([T, H, 64]), 128, "bfloat16", T, H,
-                         skip_first=True, blocks=1)
-
-
-def test_write_grid_is_one_wave_for_the_looping_kernel(monkeypatch):
-    """cache.py: the MMA8 int4 write (int4, 16-bit, d = 128) launches SM count × resident blocks
-    (from the kernel's registers), the other writes and KVLAB_INT4_WRITE_GRID=full one warp per
-    8 rows; the residency formula matches the launch bound's arithmetic (80 registers: 3 blocks)."""
-    from kvlab.cuda import cache as C  # noqa: PLC0415
-
-    assert [C._blocks_for_registers(r) for r in (32, 64, 72, 80, 96, 128, 255)] == [8, 4, 3, 3, 2, 2, 1]
-
-    class K:
-        num_regs = 80
-    monkeypatch.setattr(C, "_sm_count", lambda dev: 132)
-    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
-    monkeypatch.delenv("KVLAB_INT4_WRITE_GRID", raising=False)
-    full = 65536 * 8 * 4 // 256
-    assert C._write_grid(K(), "s1", INT4, 128, 2, 65536, 8, 0) == 132 * 3
-    assert C._write_grid(K(), "s1", INT4, 128, 2, 5, 3, 0) == 1          # fewer rows than a wave
-    assert C._write_grid(K(), "s2", INT4, 256, 2, 65536, 8, 0) == 65536 * 8 * 8 // 256
-    assert C._write_grid(K(), "s3", INT4, 128, 4, 65536, 8, 0) == full  # float32 input: no loop
-    assert C._write_grid(K(), "s4", "fp8_per_token_head", 128, 2, 65536, 8, 0) == 65536 * 8 * 4 // 256
-    monkeypatch.setenv("KVLAB_INT4_WRITE_GRID", "full")
-    assert C._write_grid(K(), "s1", INT4, 128, 2, 65536, 8, 0) == full
-    monkeypatch.setenv("KVLAB_INT4_WRITE_GRID", "all")
-    with pytest.raises(ValueError, match=r"^KVLAB_INT4_WRITE_GRID: expected one of \['wave', 'full'\]"):
-        C._write_grid(K(), "s1", INT4, 128, 2, 65536, 8, 0)
-    monkeypatch.delenv("KVLAB_INT4_WRITE_GRID")
-    for switch in ("-DKVLAB_INT4_WRITE_CUDA_CORES", "-DKVLAB_INT4_WRITE_MMA"):
-        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", switch)  # kernels without the loop
-        assert not C.int4_write_loops(INT4, 128, 2)
-    src = (loader.kernels_dir() / "reshape_and_cache.cu").read_text()
-    assert "if (g0 >= ngroups - stride) break;" in src, "the MMA8 write's loop changed: update cache.py and this test"
 
 
 @pytest.mark.parametrize("h2_mma", [False, True])

@@ -66,10 +66,6 @@ def _lanes(d: int, itemsize: int) -> int:
 INT4_WRITE_MMA_MACRO = "KVLAB_INT4_WRITE_MMA"
 
 
-#: the switch that builds the previous CUDA-core int4 write (no loop: a grid of one warp per 8 rows)
-INT4_WRITE_CUDA_CORES_MACRO = "KVLAB_INT4_WRITE_CUDA_CORES"
-
-
 def int4_write_mma_enabled(options=None) -> bool:
     """Whether the write kernels are compiled with ``-DKVLAB_INT4_WRITE_MMA``.
 
@@ -82,82 +78,23 @@ def int4_write_mma_enabled(options=None) -> bool:
     cached per value of the variable (the loader's full option list costs ~0.5 ms to build).
     """
     if options is None:
-        return INT4_WRITE_MMA_MACRO in _env_macros(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
-    return INT4_WRITE_MMA_MACRO in _defined_macros(tuple(options))
+        return _mma_macro_in(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
+    return _has_mma_macro(tuple(options))
 
 
 @functools.lru_cache(maxsize=8)
-def _env_macros(env_options: str) -> frozenset:
-    return _defined_macros(tuple(env_options.split()))
+def _mma_macro_in(env_options: str) -> bool:
+    return _has_mma_macro(tuple(env_options.split()))
 
 
-def _defined_macros(opts: tuple) -> frozenset:
-    """The macro names that NVRTC options ``-DNAME[=v]`` / ``--define-macro=NAME[=v]`` define."""
-    names = set()
+def _has_mma_macro(opts: tuple) -> bool:
     for o in opts:
         for prefix in ("-D", "--define-macro="):
             if o.startswith(prefix):
-                names.add(o[len(prefix):].split("=", 1)[0])
-    return frozenset(names)
-
-
-def int4_write_loops(fmt_name: str, d: int, itemsize: int) -> bool:
-    """Whether this write runs the MMA8 int4 kernel, whose warps loop over their rows in steps of
-    the grid (``reshape_and_cache_int4_mma8`` in kernels_cu/reshape_and_cache.cu: int4, 16-bit
-    input, d = 128, neither the 16-row nor the CUDA-core switch): :func:`_write_grid` may then
-    launch fewer blocks than rows need."""
-    if fmt_name != "int4_per_token_head" or itemsize != 2 or d != 128:
-        return False
-    macros = _env_macros(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
-    return INT4_WRITE_MMA_MACRO not in macros and INT4_WRITE_CUDA_CORES_MACRO not in macros
-
-
-#: KVLAB_INT4_WRITE_GRID: "wave" (default) — the looping int4 write runs one resident wave of
-#: blocks; "full" — one warp per 8 rows, the loop runs once (the pre-loop launch, for A/B)
-INT4_WRITE_GRIDS = ("wave", "full")
-
-
-@functools.cache
-def _sm_count(device_id: int) -> int:
-    import cupy
-
-    return int(cupy.cuda.runtime.getDeviceProperties(device_id)["multiProcessorCount"])
-
-
-_RESIDENT: dict = {}
-
-
-def _resident_blocks(kernel, key, threads: int = THREADS) -> int:
-    """Blocks of ``threads`` threads one SM holds for a kernel without shared memory, from its
-    register count (sm_80/sm_90: 4 sub-partitions of 16K registers, allocated per warp in units of
-    256; at most 64 warps, 2,048 threads).
-    Cached under ``key`` (the spec and device: the attribute query is a driver call)."""
-    if key in _RESIDENT:
-        return _RESIDENT[key]
-    _RESIDENT[key] = n = _blocks_for_registers(int(kernel.num_regs), threads)
-    return n
-
-
-def _blocks_for_registers(regs: int, threads: int = THREADS) -> int:
-    per_warp = -(-max(regs, 1) * 32 // 256) * 256
-    warps = min(64, 4 * (16384 // per_warp))
-    return max(1, min(warps // (threads // 32), 2048 // threads))
-
-
-def _write_grid(kernel, spec, fmt_name: str, d: int, itemsize: int, T: int, H: int, device_id: int) -> int:
-    """Blocks of the write launch: one thread per lane of every (token, head) row, rounded up to
-    whole blocks; for the looping int4 kernel (:func:`int4_write_loops`) at most one resident
-    wave (SM count × resident blocks), unless ``KVLAB_INT4_WRITE_GRID=full``."""
-    lanes = _write_lanes(fmt_name, d, itemsize)
-    full = -(-(T * H * lanes) // THREADS)
-    if not int4_write_loops(fmt_name, d, itemsize):
-        return full
-    choice = os.environ.get("KVLAB_INT4_WRITE_GRID", "") or "wave"
-    if choice not in INT4_WRITE_GRIDS:
-        raise ValueError(f"KVLAB_INT4_WRITE_GRID: expected one of {list(INT4_WRITE_GRIDS)}, got {choice!r}")
-    if choice == "full":
-        return full
-    return min(full, _sm_count(device_id) * _resident_blocks(kernel, (spec, device_id)))
+                name = o[len(prefix):].split("=", 1)[0]
+                if name == INT4_WRITE_MMA_MACRO:
+                    return True
+    return False
 
 
 def int4_write_uses_mma(fmt_name: str, d: int, itemsize: int, enabled: bool | None = None) -> bool:
@@ -232,13 +169,10 @@ def launch_reshape_and_cache(key, value, kv_cache, slot_mapping, fmt, k_scale: f
     key, ks = _rows(key)
     value, vs = _rows(value)
     slots = _slots_int64(slot_mapping)
-    if T * H >= 2**31 and int4_write_loops(fmt.name, d, _ITEMSIZE[dt]):
-        raise ValueError(f"key: the int4 write at d = 128 takes fewer than 2^31 (token, head) rows per call, "
-                         f"got {T} x {H}; split the call")
-    dev = arrays.device_id(kv_cache)
+    lanes = _write_lanes(fmt.name, d, _ITEMSIZE[dt])
+    grid = -(-(T * H * lanes) // THREADS)
     with L.stream_of(kv_cache):
-        k = get_kernel(spec, dev)
-        grid = _write_grid(k, spec, fmt.name, d, _ITEMSIZE[dt], T, H, dev)
+        k = get_kernel(spec, arrays.device_id(kv_cache))
         L.launch(k, (grid,), (THREADS,), (
             L.ptr(key), L.ptr(value), L.i64(ks), L.i64(vs), L.ptr(kv_cache), L.ptr(slots),
             L.i64(T), L.i32(H), L.i32(block_size), L.f32(k_scale), L.f32(v_scale)))
