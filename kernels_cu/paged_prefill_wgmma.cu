@@ -19,13 +19,6 @@ namespace {
 constexpr int WG_NW = 8;        // warps per CTA: 2 warpgroups (attention.py: PF_WARPS)
 constexpr int WG_ROWS = 128;    // query rows per CTA, 64 per warpgroup (attention.py: PF_ROWS)
 constexpr int WG_KT = 64;       // KV tokens per tile
-#ifdef KVLAB_WGMMA_PIPELINE
-// The next tile's S = Q·K^T is issued before the current tile's softmax (see the kernel), so
-// three tiles are in shared memory at once: i (P·V), i + 1 (S), i + 2 (being decoded).
-constexpr int WG_NBUF = 3;      // tile buffers (attention.py: prefill_smem_bytes)
-#else
-constexpr int WG_NBUF = 2;
-#endif
 }  // namespace
 
 // The 16-bit tiles as wgmma canonical no-swizzle core matrices (wgmma.cuh: core_off):
@@ -43,12 +36,10 @@ struct WgSmem {
   static constexpr int TILE = WG_KT * D * 2;              // bytes per K or V tile
   static constexpr int PAR = 2 * WG_KT;                   // floats: ksc[64], vsc[64]
   static constexpr int BUF_BYTES = 2 * TILE + PAR * 4;    // K tile, V tile, parameters
-  static constexpr int Q_OFF = WG_NBUF * BUF_BYTES;       // query rows (A operand of Q·K^T)
+  static constexpr int Q_OFF = 2 * BUF_BYTES;             // query rows (A operand of Q·K^T)
   static constexpr int BYTES = Q_OFF + WG_ROWS * D * 2;   // dynamic shared memory of a launch
   static constexpr int ORS = D + 4;                       // floats per output row (epilogue)
-  static_assert(BYTES == (256 * WG_NBUF + 256) * D + 512 * WG_NBUF,
-                "kvlab/cuda/attention.py (prefill_smem_bytes) launches with 768*d + 1024 bytes, "
-                "1024*d + 1536 with -DKVLAB_WGMMA_PIPELINE");
+  static_assert(BYTES == 768 * D + 1024, "kvlab/cuda/attention.py launches with 768*d + 1024 bytes");
   static_assert(WG_ROWS * ORS * 4 <= BYTES, "output rows fit the dynamic shared memory");
   static_assert(TILE % 1024 == 0 && BUF_BYTES % 16 == 0, "descriptor bases 16-byte aligned");
 };
@@ -86,8 +77,6 @@ struct WgDesc {
 // Skip (no rows reach the tile) and mask-free decisions are per warpgroup (a wgmma is issued
 // by all 128 threads of a warpgroup). Output rows go through shared memory (epilogue shared
 // with the mma.sync kernel).
-// -DKVLAB_WGMMA_PIPELINE (three buffers): S of tile i+1 is issued before the softmax of tile i
-// and runs under it; the decode writes tile i+2 (docs/notes-prefill-wgmma.md, 2026-11-29).
 // ====================================================================================
 template <int FMT, int D, typename T>
 __global__ void __launch_bounds__(WG_NW * 32, 1)
@@ -173,121 +162,6 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   for (int j = 0; j < ON; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f;
 
-#ifdef KVLAB_WGMMA_PIPELINE
-  // ---------------------------------------------------------------- pipelined (switch on)
-  // Three buffers; tile i in buffer i % 3. Per tile i, in each warpgroup whose rows reach it:
-  //   issue S(i+1) = Q·K(i+1)^T into t (tile i+1 is already in shared memory), commit;
-  //   softmax of S(i) (in s, waited for in the previous tile) while S(i+1) runs on the tensor
-  //   cores; issue O += P'(i)·V(i), commit; decode tile i+2 into buffer (i+2) % 3 (its last
-  //   reader, P'·V of tile i-1, was waited for before the previous barrier) while both groups
-  //   run; proxy fence; wait for both groups; s = t; barrier; raw loads of tile i+3.
-  // S(i) is computed in tile i itself only where tile i-1 was inactive for the warpgroup (its
-  // first active tile: the first tile, or a sliding window's edge). S(i+1) is issued even where
-  // tile i+1 is inactive or past the last tile (one wasted S per warpgroup and CTA, no branch
-  // between the issue and the wait; the buffer it reads holds another tile or stale bytes, and
-  // t is then dropped). Issue, commit and wait stay inside one branch (ptxas C7518).
-  float s[NT][4];
-  bool have_s = false;  // S of this tile was issued and waited for in the previous tile
-  auto step = [&](int b, int bn, int bd, int p0) {
-    const bool act = ghas && gmax >= p0 && !(window > 0 && p0 + WG_KT - 1 <= gmin - window);
-    if (act) {
-      const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
-      const uint64_t bofs = static_cast<uint64_t>((b * SM::BUF_BYTES) >> 4);
-      const uint64_t nofs = static_cast<uint64_t>((bn * SM::BUF_BYTES) >> 4);
-      const float* par = tile_par(b);
-      if (!have_s) {
-        wg::fence();
-#pragma unroll
-        for (int k = 0; k < KC; ++k)
-          wg::MmaSS<WG_KT, CTQ>::run(s, qdesc + k * (DS::QK_KSTEP >> 4), kdesc0 + bofs + k * (DS::QK_KSTEP >> 4),
-                                     k > 0 ? 1 : 0);
-        wg::commit();
-        wg::wait<0>();
-        wg::reg_fence(s);
-      }
-      float t[NT][4];
-      wg::fence();
-#pragma unroll
-      for (int k = 0; k < KC; ++k)
-        wg::MmaSS<WG_KT, CTQ>::run(t, qdesc + k * (DS::QK_KSTEP >> 4), kdesc0 + nofs + k * (DS::QK_KSTEP >> 4),
-                                   k > 0 ? 1 : 0);
-      wg::commit();
-      float nm0, nm1;
-      pf_softmax_update<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
-      uint32_t pa[PC][4];
-#pragma unroll
-      for (int kc = 0; kc < PC; ++kc)
-        pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
-      wg::reg_fence(acc);
-      wg::fence();
-#pragma unroll
-      for (int kc = 0; kc < PC; ++kc)
-        wg::MmaRS<D, CTV>::run(acc, pa[kc], vdesc0 + bofs + kc * (DS::V_KSTEP >> 4), 1);
-      wg::commit();
-      if constexpr (FMT != AUTO) {
-        ld.store_tile(tile_k(bd), tile_v(bd), tile_par(bd));
-        wg::fence_proxy_async();
-      }
-      wg::wait<0>();
-      wg::reg_fence(acc);
-      wg::reg_fence(t);
-#pragma unroll
-      for (int j = 0; j < NT; ++j) s[j][0] = t[j][0], s[j][1] = t[j][1], s[j][2] = t[j][2], s[j][3] = t[j][3];
-    } else {
-      if constexpr (FMT != AUTO) {
-        ld.store_tile(tile_k(bd), tile_v(bd), tile_par(bd));
-        wg::fence_proxy_async();
-      }
-    }
-    have_s = act;
-  };
-
-  // b: buffer of tile it, bn: of tile it+1, bd: of tile it+2 (decoded / copied during tile it)
-  int b = 0, bn = 1, bd = 2;
-  if constexpr (FMT == AUTO) {
-    if (ntiles > 0) ld.copy(lo, smem_addr(tile_k(0)), smem_addr(tile_v(0)));
-    if (ntiles > 1) ld.copy(lo + WG_KT, smem_addr(tile_k(1)), smem_addr(tile_v(1)));
-    for (int it = 0; it < ntiles; ++it) {
-      const int p0 = lo + it * WG_KT;
-      cp_async_wait<0>();
-      wg::fence_proxy_async();
-      __syncthreads();  // tiles it, it+1 landed for every thread; buffer bd is no longer read
-      if (it + 2 < ntiles) ld.copy(p0 + 2 * WG_KT, smem_addr(tile_k(bd)), smem_addr(tile_v(bd)));
-      step(b, bn, bd, p0);
-      const int f = b; b = bn; bn = bd; bd = f;
-    }
-  } else {
-    // tiles 0 and 1 decoded before the loop (the block id / raw bytes a tile ahead, as below)
-    int blk = 0;
-    if (ntiles > 0) {
-      ld.load_raw(lo);
-      if (ntiles > 1) blk = ld.block_of(lo + WG_KT);
-      ld.store_tile(tile_k(0), tile_v(0), tile_par(0));
-      if (ntiles > 1) {
-        ld.load_raw(lo + WG_KT, blk);
-        if (ntiles > 2) blk = ld.block_of(lo + 2 * WG_KT);
-        ld.store_tile(tile_k(1), tile_v(1), tile_par(1));
-        if (ntiles > 2) {
-          ld.load_raw(lo + 2 * WG_KT, blk);
-          if (ntiles > 3) blk = ld.block_of(lo + 3 * WG_KT);
-        }
-      }
-    }
-    wg::fence_proxy_async();
-    __syncthreads();
-    for (int it = 0; it < ntiles; ++it) {
-      const int p0 = lo + it * WG_KT;
-      // decodes tile it+2 (past the last tile: the raw registers again, into a buffer no tile uses)
-      step(b, bn, bd, p0);
-      __syncthreads();
-      if (it + 3 < ntiles) {
-        ld.load_raw(p0 + 3 * WG_KT, blk);
-        if (it + 4 < ntiles) blk = ld.block_of(p0 + 4 * WG_KT);
-      }
-      const int f = b; b = bn; bn = bd; bd = f;
-    }
-  }
-#else
   // Tile p0 from buffer b; quantized formats also decode the raw registers into buffer nb
   // while the P·V wgmma group runs.
   auto compute = [&](int b, int p0, int nb) {
@@ -377,8 +251,6 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       }
     }
   }
-
-#endif
 
   pf_epilogue<FMT, D, T, WG_ROWS, WG_NW, SM::ORS>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
                                                   warp, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);

@@ -139,18 +139,4 @@ def test_prefill_spec_and_smem_per_variant():
     assert s.family == "paged_prefill_wgmma" and s in loader.FAMILIES["paged_prefill_wgmma"]
     assert A.prefill_smem_bytes(128) == 768 * 128 + 7168
     assert A.prefill_smem_bytes(128, "wgmma") == 768 * 128 + 1024 <= 227 * 1024
-    assert A.prefill_smem_bytes(128, "wgmma", pipeline=True) == 1024 * 128 + 1536 <= 227 * 1024
-    assert A.prefill_smem_bytes(128, pipeline=True) == 768 * 128 + 7168  # the mma kernel has no switch
     assert _plan().prefill_variant == "mma"
-
-
-@pytest.mark.parametrize("opts,on", [("", False), ("-lineinfo", False), ("-DKVLAB_WGMMA_PIPELINE", True),
-                                     ("-lineinfo -DKVLAB_WGMMA_PIPELINE=1", True),
-                                     ("-DKVLAB_WGMMA_PIPELINES", False)])
-def test_wgmma_pipeline_switch_follows_the_nvrtc_options(monkeypatch, opts, on):
-    """The launch's shared memory follows the build the loader makes from KVLAB_NVRTC_OPTIONS."""
-    from kvlab.cuda import attention as A
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    assert A.wgmma_pipeline() is on
-    assert A.prefill_smem_bytes(64, "wgmma") == (1024 * 64 + 1536 if on else 768 * 64 + 1024)

@@ -76,32 +76,19 @@ def kernel_constants():
         UNIT=int(re.search(r"UNIT = (\d+);\s*// halves between", src).group(1)))
 
 
-def kernel_nbuf(pipeline):
-    """WG_NBUF as written in paged_prefill_wgmma.cu: with / without -DKVLAB_WGMMA_PIPELINE."""
-    src = (loader.kernels_dir() / "paged_prefill_wgmma.cu").read_text()
-    block = src[src.index("#ifdef KVLAB_WGMMA_PIPELINE"):]
-    on, off = block.split("#else")[0], block.split("#else")[1].split("#endif")[0]
-    return int(re.search(r"WG_NBUF = (\d+);", on if pipeline else off).group(1))
-
-
-def smem_map(d, nbuf=2):
-    """WgSmem<D>: K tile, V tile, 128 parameter floats per buffer; nbuf buffers (two, three with
-    -DKVLAB_WGMMA_PIPELINE); then Q."""
+def smem_map(d):
+    """WgSmem<D>: K tile, V tile, 128 parameter floats per buffer; two buffers; then Q."""
     tile = KT * d * 2
     buf = 2 * tile + 2 * KT * 4
-    return dict(TILE=tile, BUF=buf, Q_OFF=nbuf * buf, BYTES=nbuf * buf + ROWS * d * 2)
+    return dict(TILE=tile, BUF=buf, Q_OFF=2 * buf, BYTES=2 * buf + ROWS * d * 2)
 
 
-@pytest.mark.parametrize("pipeline", [False, True], ids=["default", "pipeline"])
 @pytest.mark.parametrize("d", [64, 128])
-def test_smem_budget_matches_the_launch(d, pipeline):
+def test_smem_budget_matches_the_launch(d):
     from kvlab.cuda.attention import prefill_smem_bytes
 
-    assert kernel_nbuf(pipeline) == (3 if pipeline else 2)
-    m = smem_map(d, kernel_nbuf(pipeline))
-    assert m["BYTES"] == prefill_smem_bytes(d, "wgmma", pipeline)
-    assert m["BYTES"] == (1024 * d + 1536 if pipeline else 768 * d + 1024)
-    assert m["BYTES"] + 512 <= 227 * 1024         # + the static cs_sm floats, within the opt-in limit
+    m = smem_map(d)
+    assert m["BYTES"] == prefill_smem_bytes(d, "wgmma") == 768 * d + 1024
     assert ROWS * (d + 4) * 4 <= m["BYTES"]      # epilogue output rows reuse the whole window
     assert m["TILE"] % 128 == 0 and m["BUF"] % 16 == 0 and m["Q_OFF"] % 16 == 0
 
@@ -122,11 +109,10 @@ def test_unit_stores_land_on_core_matrix_rows(d):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("nbuf,buf", [(2, 0), (2, 1), (3, 0), (3, 1), (3, 2)],
-                         ids=["buf0", "buf1", "pipeline-buf0", "pipeline-buf1", "pipeline-buf2"])
-def test_descriptors_read_q_k_and_v(d, nbuf, buf):
+@pytest.mark.parametrize("buf", [0, 1])
+def test_descriptors_read_q_k_and_v(d, buf):
     c = kernel_constants()(d)
-    m = smem_map(d, nbuf)
+    m = smem_map(d)
     rng = np.random.default_rng(d + buf)
     smem_base = 0x400  # the dynamic window starts after the static cs_sm floats (any 128-byte multiple)
     smem = np.zeros((smem_base + m["BYTES"]) // 2, np.uint16)
@@ -169,8 +155,8 @@ def test_descriptor_fields_and_no_carry():
     word) never carries out of the 14-bit start-address field for any start in 227 KB."""
     dsc = desc_noswizzle(0x12340, 128, 2048)
     assert desc_fields(dsc) == (0x12340, 128, 2048, 0, 0)
-    for d, nbuf in [(64, 2), (128, 2), (64, 3), (128, 3)]:
-        c, m = kernel_constants()(d), smem_map(d, nbuf)
+    for d in (64, 128):
+        c, m = kernel_constants()(d), smem_map(d)
         top = 0x400 + m["BYTES"]
         assert top <= 227 * 1024
         worst = 0x400 + m["Q_OFF"] + 8 * 16 * d + (d // 16 - 1) * c["QK_KSTEP"]

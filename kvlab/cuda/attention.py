@@ -170,31 +170,11 @@ def _prefill_spec(code, d, t, variant="mma"):
     return KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
 
 
-#: compile switch of the wgmma prefill kernel's pipelined tile loop (docs/notes-prefill-wgmma.md),
-#: given through ``KVLAB_NVRTC_OPTIONS``; it needs a third KV tile buffer
-WGMMA_PIPELINE_MACRO = "-DKVLAB_WGMMA_PIPELINE"
-
-
-def wgmma_pipeline() -> bool:
-    """True when ``KVLAB_NVRTC_OPTIONS`` (the only options of the loader's that a user sets,
-    :func:`kvlab.cuda.loader.compile_options`) defines ``KVLAB_WGMMA_PIPELINE``, as
-    ``-DKVLAB_WGMMA_PIPELINE`` or ``-DKVLAB_WGMMA_PIPELINE=…`` (the kernel tests ``#ifdef``). Read
-    at every launch (the environment only: no path lookups), while a family is compiled once per
-    process: change the variable between processes, not inside one."""
-    return any(o == WGMMA_PIPELINE_MACRO or o.startswith(WGMMA_PIPELINE_MACRO + "=")
-               for o in os.environ.get("KVLAB_NVRTC_OPTIONS", "").split())
-
-
-def prefill_smem_bytes(d: int, variant: str = "mma", pipeline: bool | None = None) -> int:
+def prefill_smem_bytes(d: int, variant: str = "mma") -> int:
     """Dynamic shared memory of a prefill launch: two KV tile buffers + the query rows
     (``PfSmem<D>::BYTES`` in paged_prefill.cu: 16-byte padded rows for ldmatrix;
-    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices). The wgmma
-    kernel built with ``-DKVLAB_WGMMA_PIPELINE`` (``pipeline``; None: :func:`wgmma_pipeline`)
-    has three tile buffers: 1024·d + 1536 bytes (132.6 KB at d = 128)."""
-    if variant == "wgmma":
-        nbuf = 3 if (wgmma_pipeline() if pipeline is None else pipeline) else 2
-        return (256 * nbuf + 256) * d + 512 * nbuf  # nbuf x (K, V tiles + 128 scale floats) + Q rows
-    return 768 * d + 7168
+    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices)."""
+    return 768 * d + (1024 if variant == "wgmma" else 7168)
 
 
 def _variant_choice(value, env: str, default: str, choices, arg: str) -> tuple[str, str]:

@@ -23,25 +23,17 @@ import pytest
 
 from kvlab import reference
 from kvlab.arrays import NUMPY_BF16
-from kvlab.cuda.attention import WGMMA_PIPELINE_MACRO, wgmma_pipeline
 
-from .isolated import failure_message, run_isolated
 from .test_paged_attention_gpu import (FORMATS, PREFILL_VARIANTS, build_case, check_close, run_gpu, run_ref,
                                        skip_unless_prefill_variant_runs)
 
 CODES = {"auto": 0, "int8_per_token_head": 1, "fp8_per_token_head": 2, "int4_per_token_head": 3, "nvfp4": 4}
 
 
-def _variant_id(v):
-    # the wgmma kernel's build: its pipelined loop where KVLAB_NVRTC_OPTIONS has -DKVLAB_WGMMA_PIPELINE
-    return f"prefill_{v}" + ("_pipeline" if v == "wgmma" and wgmma_pipeline() else "")
-
-
-@pytest.fixture(params=PREFILL_VARIANTS, ids=_variant_id, name="prefill_variant")
+@pytest.fixture(params=PREFILL_VARIANTS, ids=lambda v: f"prefill_{v}", name="prefill_variant")
 def _prefill_variant(request):
     """Prefill kernel variant (``"mma"``: paged_prefill.cu; ``"wgmma"``: paged_prefill_wgmma.cu,
-    skipped on GPUs other than sm_90; built with -DKVLAB_WGMMA_PIPELINE when
-    ``KVLAB_NVRTC_OPTIONS`` has it: ``prefill_wgmma_pipeline``)."""
+    skipped on GPUs other than sm_90)."""
     skip_unless_prefill_variant_runs(request.param)
     return request.param
 
@@ -80,22 +72,6 @@ def test_window_edges(rng, fmt, window, prefill_variant):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", FORMATS)
-@pytest.mark.parametrize("window", [64, 130])
-def test_window_starts_a_tile_later_for_the_second_warpgroup(rng, fmt, window, prefill_variant):
-    """GQA 1: a CTA's two warpgroups hold 64 tokens each, so with a window the second warpgroup's
-    first tile comes one or more tiles after the first warpgroup's (the pipelined build,
-    -DKVLAB_WGMMA_PIPELINE, computes that tile's S itself instead of taking it from the previous
-    tile); both a pure prompt and a chunk after a prefix (unaligned positions)."""
-    q_lens = [384 + int(rng.integers(0, 20)), 200]
-    kv_lens = [q_lens[0], 200 + 333]
-    case = _case(rng, fmt, 1, 1, 128, 16, q_lens, kv_lens)
-    out, _ = run_gpu(case, prefill_kernel=True, sliding_window=window, prefill_variant=prefill_variant)
-    check_close(out, run_ref(case, sliding_window=window), "bfloat16",
-                f"{fmt} g1 window={window} {prefill_variant}")
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("fmt", FORMATS)
 def test_fp16_queries(rng, fmt, prefill_variant):
     q_lens = [333, 70]
     kv_lens = [333, 70 + 200]
@@ -117,28 +93,6 @@ def test_variants_agree_at_the_bench_shape(rng, fmt):
         out, plan = run_gpu(case, prefill_kernel=True, prefill_variant=pv)
         assert plan.n_pf > 0 and plan.n_items == 0
         check_close(out, ref, "bfloat16", f"{fmt} T={T} {pv}")
-
-
-@pytest.mark.gpu
-def test_wgmma_pipeline_build_in_a_subprocess(monkeypatch):
-    """This module's wgmma tests again with the kernel built with -DKVLAB_WGMMA_PIPELINE (the next
-    tile's S issued before the softmax, three tile buffers; docs/notes-prefill-wgmma.md). The build
-    is per process (the loader compiles a family once), hence a child process; the same as
-
-        KVLAB_NVRTC_OPTIONS=-DKVLAB_WGMMA_PIPELINE python -m pytest -q tests/gpu/test_prefill_gpu.py \\
-            -k "wgmma or bench_shape"
-    """
-    if wgmma_pipeline():
-        pytest.skip("this process runs the pipelined build already")
-    skip_unless_prefill_variant_runs("wgmma")
-    import os
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS",
-                       " ".join([os.environ.get("KVLAB_NVRTC_OPTIONS", ""), WGMMA_PIPELINE_MACRO]).strip())
-    module = "tests/gpu/test_prefill_gpu.py"
-    r = run_isolated(module, extra_args=("-k", "wgmma or bench_shape"))
-    assert r.returncode == 0, failure_message(module, r)
-    assert " passed" in r.stdout, r.stdout[-2000:]  # not all skipped / deselected
 
 
 # ---------------------------------------------------------------- NumPy emulation (no GPU)
