@@ -464,6 +464,11 @@ __device__ __forceinline__ void v_scale_pos(int t, int grp, bool swizzle, int& t
 // or row), rotated for int4 (RHT, hadamard.cuh: K and V live in the rotated domain). Returns
 // the prescale `pre`: the caller rounds x[j]·pre to the Q·K operand type and divides the
 // softmax scale by it. Shared by the decode (stage_query_column) and prefill prologues.
+// (query_vector_prescale is the part after the loads, for a caller that batches the loads of
+// several rows: pf_stage_queries.)
+template <int FMT, int D>
+__device__ __forceinline__ float query_vector_prescale(float (&x)[D / 32], int lane);
+
 template <int FMT, int D, typename T>
 __device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool valid, int qtok,
                                                    int num_q_heads, int qhead, int lane,
@@ -477,6 +482,12 @@ __device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool
 #pragma unroll
     for (int j = 0; j < E; ++j) x[j] = 0.f;
   }
+  return query_vector_prescale<FMT, D>(x, lane);
+}
+
+template <int FMT, int D>
+__device__ __forceinline__ float query_vector_prescale(float (&x)[D / 32], int lane) {
+  constexpr int E = D / 32;
   if constexpr (FMT == INT4) rht_group<E, 32>(x, lane);
   float amax = 0.f;
 #pragma unroll

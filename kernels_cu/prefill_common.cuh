@@ -308,19 +308,46 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
   using CTQ = typename Traits<FMT, D, T>::CT_QK;
   constexpr int E = D / 32;
   const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;  // nvfp4: global K scale
-  for (int r = warp; r < ROWS; r += NWARPS) {
-    const bool valid = r < nrow;
-    const int tok = tok0 + r / G;
-    const int qhead = kvh * G + r % G;
-    float x[E];
-    const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
+  // The warp's rows r = warp + i·NWARPS in batches of QB: all loads of a batch are issued before
+  // any row's rotation and reductions, so a warp waits one load latency per batch, not per row
+  // (the profile of the one-row-at-a-time loop put 6.9 % of the kernel's stall samples on these
+  // loads). QB·E 16-bit values are live per lane during a batch's loads.
+  static_assert(ROWS % NWARPS == 0, "every warp stages the same number of rows");
+  constexpr int NR = ROWS / NWARPS;
+  constexpr int QB = NR < 8 ? NR : 8;
+  static_assert(NR % QB == 0, "whole batches");
+#pragma unroll 1
+  for (int b = 0; b < NR; b += QB) {
+    T raw[QB][E];
 #pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const int dim = lane * E + j;
-      q_sm[LAYOUT::idx(r, (dim & ~7) + unit_pos<FMT>(dim & 7))] =
-          bits16<CTQ>(x[j] * pre);
+    for (int i = 0; i < QB; ++i) {
+      const int r = warp + (b + i) * NWARPS;
+      if (r < nrow) {
+        const int tok = tok0 + r / G;
+        const int qhead = kvh * G + r % G;
+        const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+        for (int j = 0; j < E; ++j) raw[i][j] = qr[j];
+      } else {
+#pragma unroll
+        for (int j = 0; j < E; ++j) raw[i][j] = from_float<T>(0.f);
+      }
     }
-    if (lane == 0) cs_sm[r] = scale_log2 * kfold / pre;
+#pragma unroll
+    for (int i = 0; i < QB; ++i) {
+      const int r = warp + (b + i) * NWARPS;
+      float x[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = to_float(raw[i][j]);
+      const float pre = query_vector_prescale<FMT, D>(x, lane);
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const int dim = lane * E + j;
+        q_sm[LAYOUT::idx(r, (dim & ~7) + unit_pos<FMT>(dim & 7))] =
+            bits16<CTQ>(x[j] * pre);
+      }
+      if (lane == 0) cs_sm[r] = scale_log2 * kfold / pre;
+    }
   }
 }
 
