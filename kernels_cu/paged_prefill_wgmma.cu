@@ -16,19 +16,9 @@ using namespace kvlab::attn;
 using namespace kvlab::pf;
 
 namespace {
-#if defined(KVLAB_WGMMA_ONE_WG)
-// experiment: one warpgroup per CTA (64 query rows), two CTAs per SM whose tile loops drift
-// apart, so one CTA's softmax can overlap the other's wgmmas (attention.py: wgmma_geometry)
-constexpr int WG_NW = 4;        // warps per CTA: 1 warpgroup
-constexpr int WG_ROWS = 64;     // query rows per CTA
-constexpr int WG_MINB = 2;      // CTAs per SM (launch bound)
-#else
-constexpr int WG_NW = 8;        // warps per CTA: 2 warpgroups (attention.py: wgmma_geometry)
-constexpr int WG_ROWS = 128;    // query rows per CTA, 64 per warpgroup (attention.py: wgmma_geometry)
-constexpr int WG_MINB = 1;
-#endif
+constexpr int WG_NW = 8;        // warps per CTA: 2 warpgroups (attention.py: PF_WARPS)
+constexpr int WG_ROWS = 128;    // query rows per CTA, 64 per warpgroup (attention.py: PF_ROWS)
 constexpr int WG_KT = 64;       // KV tokens per tile
-constexpr int WG_PARTS = WG_NW * 32 / WG_KT;  // decode: threads per token (quarter / half rows)
 }  // namespace
 
 // The 16-bit tiles as wgmma canonical no-swizzle core matrices (wgmma.cuh: core_off):
@@ -49,8 +39,7 @@ struct WgSmem {
   static constexpr int Q_OFF = 2 * BUF_BYTES;             // query rows (A operand of Q·K^T)
   static constexpr int BYTES = Q_OFF + WG_ROWS * D * 2;   // dynamic shared memory of a launch
   static constexpr int ORS = D + 4;                       // floats per output row (epilogue)
-  static_assert(BYTES == (512 + 2 * WG_ROWS) * D + 1024,
-                "kvlab/cuda/attention.py launches with (512 + 2 * rows) * d + 1024 bytes");
+  static_assert(BYTES == 768 * D + 1024, "kvlab/cuda/attention.py launches with 768*d + 1024 bytes");
   static_assert(WG_ROWS * ORS * 4 <= BYTES, "output rows fit the dynamic shared memory");
   static_assert(TILE % 1024 == 0 && BUF_BYTES % 16 == 0, "descriptor bases 16-byte aligned");
 };
@@ -90,7 +79,7 @@ struct WgDesc {
 // with the mma.sync kernel).
 // ====================================================================================
 template <int FMT, int D, typename T>
-__global__ void __launch_bounds__(WG_NW * 32, WG_MINB)
+__global__ void __launch_bounds__(WG_NW * 32, 1)
 paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                               const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                               int bt_stride, const int* __restrict__ seq_lens,
@@ -108,8 +97,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   constexpr int ON = D / 8;          // 8-dim n-tiles of O
   constexpr int PC = WG_KT / 16;     // k16 steps of P·V
   constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);  // per-token scales
-  static_assert(WG_KT * WG_PARTS == WG_NW * 32, "decode roles: token tid % 64, row part tid / 64");
-  using Loader = PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, WG_PARTS>;
+  static_assert(WG_KT * 4 == WG_NW * 32, "decode roles: token tid % 64, row quarter tid / 64");
+  using Loader = PfTileLoader<FMT, D, T, WG_KT, PfCore<D>>;
 
   extern __shared__ __align__(128) uint8_t pf_smem[];
   __shared__ float cs_sm[WG_ROWS];

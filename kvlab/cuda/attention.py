@@ -170,35 +170,11 @@ def _prefill_spec(code, d, t, variant="mma"):
     return KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
 
 
-#: compile switch of the wgmma prefill kernel with one warpgroup (64 query rows) per CTA and two
-#: CTAs per SM (kernels_cu/paged_prefill_wgmma.cu), given through ``KVLAB_NVRTC_OPTIONS``
-WGMMA_ONE_WG_MACRO = "KVLAB_WGMMA_ONE_WG"
-
-
-@functools.lru_cache(maxsize=8)
-def _one_wg(env_options: str) -> bool:
-    return any(o in ("-D" + WGMMA_ONE_WG_MACRO, "--define-macro=" + WGMMA_ONE_WG_MACRO)
-               or o.startswith(("-D" + WGMMA_ONE_WG_MACRO + "=", "--define-macro=" + WGMMA_ONE_WG_MACRO + "="))
-               for o in env_options.split())
-
-
-def prefill_geometry(variant: str = "mma") -> tuple[int, int]:
-    """(query rows, warps) per prefill CTA: 128 rows on 8 warps (v2; wgmma: 2 warpgroups), or
-    64 rows on one warpgroup for the wgmma kernel built with ``-DKVLAB_WGMMA_ONE_WG`` (read from
-    ``KVLAB_NVRTC_OPTIONS``; set it for the whole process, as a family is compiled once)."""
-    if variant == "wgmma" and _one_wg(os.environ.get("KVLAB_NVRTC_OPTIONS", "")):
-        return 64, 4
-    return PF_ROWS, PF_WARPS
-
-
 def prefill_smem_bytes(d: int, variant: str = "mma") -> int:
     """Dynamic shared memory of a prefill launch: two KV tile buffers + the query rows
     (``PfSmem<D>::BYTES`` in paged_prefill.cu: 16-byte padded rows for ldmatrix;
-    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices,
-    (512 + 2·rows)·d + 1024 bytes)."""
-    if variant == "wgmma":
-        return (512 + 2 * prefill_geometry(variant)[0]) * d + 1024
-    return 768 * d + 7168
+    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices)."""
+    return 768 * d + (1024 if variant == "wgmma" else 7168)
 
 
 def _variant_choice(value, env: str, default: str, choices, arg: str) -> tuple[str, str]:
@@ -379,7 +355,7 @@ class AttentionPlan:
                 kp = get_kernel(pf_spec, self.device_id)
                 pf_smem = prefill_smem_bytes(d, self.prefill_variant)
                 _raise_dynamic_smem(kp, pf_spec, self.device_id, pf_smem)
-                L.launch(kp, (self.n_pf, self.num_kv_heads), (prefill_geometry(self.prefill_variant)[1] * 32,), (
+                L.launch(kp, (self.n_pf, self.num_kv_heads), (PF_WARPS * 32,), (
                     L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
                     L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.pf_items),
                     L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
@@ -559,7 +535,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
 
     qsl_h, sl_h = meta["query_start_loc"], meta["seq_lens"]
     qlen = np.diff(qsl_h)
-    use_pf = (d in PREFILL_HEAD_SIZES and G <= prefill_geometry(pf_variant)[0] and prefill_kernel is not False)
+    use_pf = (d in PREFILL_HEAD_SIZES and G <= PF_ROWS and prefill_kernel is not False)
     long_q = (qlen * G >= PREFILL_MIN_ROWS) if prefill_kernel is None else (qlen > 1)
     pf_seq = np.nonzero(long_q)[0] if use_pf else np.zeros(0, np.int64)
     qlen_dec = qlen.copy()
@@ -582,7 +558,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     else:
         capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
         ny_split, min_split = ny, MIN_SPLIT_TOKENS
-    pf_items = _prefill_list(qlen, pf_seq, prefill_geometry(pf_variant)[0] // G)
+    pf_items = _prefill_list(qlen, pf_seq, PF_ROWS // G)
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
     items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
                                      min_split)
