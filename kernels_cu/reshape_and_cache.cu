@@ -740,11 +740,19 @@ __device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn
   for (int c = 0; c < NC; ++c) {
     uint8_t* dst = row + (c * VEC * LANES + lig * VEC) / 2;
     if (active) {
+#if defined(KVLAB_INT4_WRITE_STREAM)
+      if constexpr (VEC == 8) __stcs(reinterpret_cast<unsigned int*>(dst), w[c]);
+#else
       if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = w[c];
+#endif
       else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[c]);
     }
   }
+#if defined(KVLAB_INT4_WRITE_STREAM)
+  if (active && lig == 0) __stcs(reinterpret_cast<unsigned int*>(row + D / 2), tail);
+#else
   if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = tail;
+#endif
 }
 
 template <int D, typename T>
@@ -844,48 +852,20 @@ __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict_
   uint4 rk[NC], rv[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {  // chunk c at + c·VEC·LANES elements = c·LANES 16-byte words
+#if defined(KVLAB_INT4_WRITE_STREAM)
+    // experiment: streaming (evict-first) loads and stores (ld/st.global.cs), K/V are read once
+    rk[c] = __ldcs(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
+    rv[c] = __ldcs(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
+#else
     rk[c] = __ldg(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
     rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
+#endif
   }
   const long long blk = active ? slot / block_size : 0;
   const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
   constexpr long long ROW = row_bytes<FMT_INT4>(D);
   const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
   uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
-  // Staged stores: a cache row is 68 bytes (64 code bytes + the scale word), so its own stores
-  // can only be 4-byte words — 17 per row and side, each a separate partial-sector write at L2
-  // (Nsight Compute: L2 throughput 84 % at 64 % DRAM throughput). When H % 8 == 0 the warp's 8
-  // rows are the heads h0 .. h0 + 7 of one token: 544 contiguous, 16-byte aligned cache bytes
-  // (544 = 34 · 16; side_bytes = BS·H·68 is a multiple of 16). The rows are then assembled in
-  // shared memory in the cache's own layout (the same word stores, to shared memory) and leave
-  // as 34 16-byte stores. The condition is uniform over the grid; `active` is uniform over the
-  // warp there (one token).
-  if ((H & 7) == 0 && (reinterpret_cast<uintptr_t>(cache) & 15u) == 0) {
-    constexpr int WORDS = 8 * static_cast<int>(ROW) / 4;  // 8 rows of the warp
-    static_assert(ROW % 4 == 0 && (8 * ROW) % 16 == 0 && WORDS / 4 >= 32 && WORDS / 4 <= 64,
-                  "the warp's rows are 32..64 whole 16-byte units");
-    __shared__ __align__(16) uint32_t stage_sm[8][WORDS];  // 8 warps of 256 threads
-    const int lane = threadIdx.x & 31;
-    uint32_t* wst = stage_sm[threadIdx.x >> 5];
-    uint8_t* srow = reinterpret_cast<uint8_t*>(wst) + (lane / LANES) * ROW;  // this lane's row
-    uint4* gk = reinterpret_cast<uint4*>(row_k - (h & 7) * ROW);             // the warp's first row
-    const uint4* s4 = reinterpret_cast<const uint4*>(wst);
-    rotate_encode_store_int4_mma8<D, T>(rk, active, lig, srow, ksrc);
-    __syncwarp();
-    if (active) {  // 34 16-byte units: one per lane, and lanes 0, 1 once more
-      gk[lane] = s4[lane];
-      if (lane < WORDS / 4 - 32) gk[32 + lane] = s4[32 + lane];
-    }
-    __syncwarp();
-    rotate_encode_store_int4_mma8<D, T>(rv, active, lig, srow, vsrc);
-    __syncwarp();
-    if (active) {
-      uint4* gv = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(gk) + side_bytes);
-      gv[lane] = s4[lane];
-      if (lane < WORDS / 4 - 32) gv[32 + lane] = s4[32 + lane];
-    }
-    return;
-  }
   rotate_encode_store_int4_mma8<D, T>(rk, active, lig, row_k, ksrc);
   rotate_encode_store_int4_mma8<D, T>(rv, active, lig, row_k + side_bytes, vsrc);
 }
