@@ -740,19 +740,11 @@ __device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn
   for (int c = 0; c < NC; ++c) {
     uint8_t* dst = row + (c * VEC * LANES + lig * VEC) / 2;
     if (active) {
-#if defined(KVLAB_INT4_WRITE_STREAM)
-      if constexpr (VEC == 8) __stcs(reinterpret_cast<unsigned int*>(dst), w[c]);
-#else
       if constexpr (VEC == 8) *reinterpret_cast<uint32_t*>(dst) = w[c];
-#endif
       else *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w[c]);
     }
   }
-#if defined(KVLAB_INT4_WRITE_STREAM)
-  if (active && lig == 0) __stcs(reinterpret_cast<unsigned int*>(row + D / 2), tail);
-#else
   if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = tail;
-#endif
 }
 
 template <int D, typename T>
@@ -852,14 +844,8 @@ __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict_
   uint4 rk[NC], rv[NC];
 #pragma unroll
   for (int c = 0; c < NC; ++c) {  // chunk c at + c·VEC·LANES elements = c·LANES 16-byte words
-#if defined(KVLAB_INT4_WRITE_STREAM)
-    // experiment: streaming (evict-first) loads and stores (ld/st.global.cs), K/V are read once
-    rk[c] = __ldcs(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
-    rv[c] = __ldcs(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
-#else
     rk[c] = __ldg(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
     rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
-#endif
   }
   const long long blk = active ? slot / block_size : 0;
   const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
