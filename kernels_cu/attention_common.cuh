@@ -464,27 +464,8 @@ __device__ __forceinline__ void v_scale_pos(int t, int grp, bool swizzle, int& t
 // or row), rotated for int4 (RHT, hadamard.cuh: K and V live in the rotated domain). Returns
 // the prescale `pre`: the caller rounds x[j]·pre to the Q·K operand type and divides the
 // softmax scale by it. Shared by the decode (stage_query_column) and prefill prologues.
-// (query_vector_prescale is the part after the loads, for a caller that batches the loads of
-// several rows: pf_stage_queries.)
-template <int FMT, int D>
-__device__ __forceinline__ float query_vector_prescale(float (&x)[D / 32], int lane);
-
-template <int FMT, int D, typename T>
-__device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool valid, int qtok,
-                                                   int num_q_heads, int qhead, int lane,
-                                                   float (&x)[D / 32]) {
-  constexpr int E = D / 32;
-  if (valid) {
-    const T* qr = q + (static_cast<size_t>(qtok) * num_q_heads + qhead) * D + lane * E;
-#pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-  } else {
-#pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = 0.f;
-  }
-  return query_vector_prescale<FMT, D>(x, lane);
-}
-
+// query_vector_prescale is the part after the loads (a caller that batches the loads of
+// several rows calls it directly: pf_stage_queries).
 template <int FMT, int D>
 __device__ __forceinline__ float query_vector_prescale(float (&x)[D / 32], int lane) {
   constexpr int E = D / 32;
@@ -501,6 +482,22 @@ __device__ __forceinline__ float query_vector_prescale(float (&x)[D / 32], int l
     pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
   }
   return pre;
+}
+
+template <int FMT, int D, typename T>
+__device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool valid, int qtok,
+                                                   int num_q_heads, int qhead, int lane,
+                                                   float (&x)[D / 32]) {
+  constexpr int E = D / 32;
+  if (valid) {
+    const T* qr = q + (static_cast<size_t>(qtok) * num_q_heads + qhead) * D + lane * E;
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+  } else {
+#pragma unroll
+    for (int j = 0; j < E; ++j) x[j] = 0.f;
+  }
+  return query_vector_prescale<FMT, D>(x, lane);
 }
 
 // P·V operand for m-tile j (output dims g·D/8 + 2j + r, r = 0 for rows g, 1 for rows g+8)
