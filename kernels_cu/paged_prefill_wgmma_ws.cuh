@@ -162,19 +162,28 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     ld.L = L; ld.bs_log2 = bs_log2; ld.BS = BS; ld.num_kv_heads = num_kv_heads; ld.kvh = kvh;
     ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6; ld.swizzle_v = swizzle_v;
     if constexpr (FMT == AUTO) {
-      // copies of tile it are in flight while the stage of tile it-1 is waited for and released
+      // 3+ stages: the copies of tile it are issued before tile it-1 is released (two tiles in
+      // flight). With 2 stages that would deadlock: a consumer releases tile it-2 only after it
+      // got tile it-1 (its P·V of tile k-1 waits for the full barrier of tile k), so the copies
+      // are waited for at once.
 #pragma unroll 1
       for (int it = 0; it < ntiles; ++it) {
         const int s = it % WS_NS;
         mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
         ld.copy(lo + it * WG_KT, smem_addr(stage_k(s)), smem_addr(stage_v(s)));
-        if (it > 0) {
-          cp_async_wait<1>();
+        if constexpr (WS_NS >= 3) {
+          if (it > 0) {
+            cp_async_wait<1>();
+            wg::fence_proxy_async();
+            mbar_arrive(&full_bar[(it - 1) % WS_NS]);
+          }
+        } else {
+          cp_async_wait<0>();
           wg::fence_proxy_async();
-          mbar_arrive(&full_bar[(it - 1) % WS_NS]);
+          mbar_arrive(&full_bar[s]);
         }
       }
-      if (ntiles > 0) {
+      if (WS_NS >= 3 && ntiles > 0) {
         cp_async_wait<0>();
         wg::fence_proxy_async();
         mbar_arrive(&full_bar[(ntiles - 1) % WS_NS]);
