@@ -58,6 +58,10 @@ struct WgDesc {
   static constexpr uint32_t V_KSTEP = 2 * 16 * D;            // bytes per k16 step of V (16 tokens)
 };
 
+#if defined(KVLAB_WGMMA_WS)
+// warp-specialised body (producer warpgroup + 2 consumer warpgroups, mbarrier ring, ping-pong)
+#include "paged_prefill_wgmma_ws.cuh"
+#else
 // ====================================================================================
 // paged_attention_prefill_wgmma<FMT, D, T>: one CTA = (128 query rows of one sequence, KV
 // head), two warpgroups of 64 rows (warp w: rows 16w .. 16w + 15, as in the mma.sync
@@ -255,3 +259,4 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   pf_epilogue<FMT, D, T, WG_ROWS, WG_NW, SM::ORS>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
                                                   warp, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
 }
+#endif  // KVLAB_WGMMA_WS

@@ -169,17 +169,21 @@ struct PfPadded {
   static __device__ __forceinline__ int idx(int row, int dim) { return row * RS + dim; }  // in halves
 };
 
-// The thread's part of a tile's decode: token lt = tid % KT of the tile, quarter `part` =
-// tid / KT of its K and V rows (D/4 dims each). Raw cache bytes of the next tile wait in
+// The thread's part of a tile's decode: token lt = tid % KT of the tile, part `part` =
+// tid / KT of its K and V rows (D/PARTS dims each: quarters with 4·KT threads, halves with
+// 2·KT). Raw cache bytes of the next tile wait in
 // registers (load_raw) until they are decoded into shared memory (store_unit / store_params)
 // as the exact 16-bit values described at the top of this file; auto tiles are copied with
 // cp.async instead (copy). LAYOUT: PfPadded<D> or the wgmma core-matrix layout.
-template <int FMT, int D, typename T, int KT, class LAYOUT>
+template <int FMT, int D, typename T, int KT, class LAYOUT, int PARTS = 4>
 struct PfTileLoader {
   using TR = Traits<FMT, D, T>;
-  static constexpr int KW = TR::KB / 4;                        // raw words per side (D/4 dims)
-  static constexpr int UPT = D / 32;                           // 8-dim units per side
-  static constexpr int NGK = (FMT == NVFP4) ? D / 64 : 1;      // nvfp4 scale groups per side
+  static_assert(PARTS == 2 || PARTS == 4, "quarter or half rows per thread");
+  static constexpr int PB = TR::KB * 4 / PARTS;                 // raw bytes per side (D/PARTS dims)
+  static constexpr int PD = D / PARTS;                          // dims per side
+  static constexpr int KW = PB / 4;                             // raw words per side
+  static constexpr int UPT = PD / 8;                            // 8-dim units per side
+  static constexpr int NGK = (FMT == NVFP4) ? PD / 16 : 1;      // nvfp4 scale groups per side
   static constexpr int RB = (FMT == NVFP4) ? D / 2 : TR::ROW;  // bytes between rows of the data part
   static constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);
 
@@ -206,8 +210,8 @@ struct PfTileLoader {
     const uint8_t* kslab = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2;
     const uint8_t* kr = kslab + rowi * RB;
     const uint8_t* vr = kr + side_stride;
-    load_words<TR::KB, TR::ALIGN>(kr + part * TR::KB, rk, in);
-    load_words<TR::KB, TR::ALIGN>(vr + part * TR::KB, rv, in);
+    load_words<PB, TR::ALIGN>(kr + part * PB, rk, in);
+    load_words<PB, TR::ALIGN>(vr + part * PB, rv, in);
     if constexpr (FMT == INT4 || FMT == INT8 || FMT == FP8) {
       constexpr int OFF = (FMT == INT4) ? D / 2 : D;
       rkp = in ? __ldg(reinterpret_cast<const unsigned*>(kr + OFF)) : 0u;
@@ -231,12 +235,12 @@ struct PfTileLoader {
       rkp = kb; rvp = vb;
     }
   }
-  // raw registers -> unit u (8 dims) of the thread's K and V quarter rows in the tiles at
+  // raw registers -> unit u (8 dims) of the thread's K and V part rows in the tiles at
   // ktile / vtile (shared memory)
   __device__ __forceinline__ void store_unit(uint8_t* ktile, uint8_t* vtile, int u) {
     if constexpr (FMT != AUTO) {
-      uint16_t* kt = reinterpret_cast<uint16_t*>(ktile) + LAYOUT::idx(lt, part * (D / 4)) + LAYOUT::UNIT * u;
-      uint16_t* vt = reinterpret_cast<uint16_t*>(vtile) + LAYOUT::idx(lt, part * (D / 4)) + LAYOUT::UNIT * u;
+      uint16_t* kt = reinterpret_cast<uint16_t*>(ktile) + LAYOUT::idx(lt, part * PD) + LAYOUT::UNIT * u;
+      uint16_t* vt = reinterpret_cast<uint16_t*>(vtile) + LAYOUT::idx(lt, part * PD) + LAYOUT::UNIT * u;
       uint4 ko, vo;
       if constexpr (FMT == NVFP4) {
         const int i = u >> 1;  // 16-dim group of the unit
@@ -278,19 +282,19 @@ struct PfTileLoader {
     for (int u = 0; u < UPT; ++u) store_unit(ktile, vtile, u);
     store_params(par);
   }
-  // auto: 16-byte cp.async copies of the thread's quarter rows of tile p0 to the tiles at the
+  // auto: 16-byte cp.async copies of the thread's part rows of tile p0 to the tiles at the
   // shared-window addresses kt / vt
   __device__ __forceinline__ void copy(int p0, unsigned kt, unsigned vt) { copy(p0, block_of(p0), kt, vt); }
   __device__ __forceinline__ void copy(int p0, int blk, unsigned kt, unsigned vt) {
     const int p = p0 + lt;
     const bool in = p < L;
     const unsigned rowi = static_cast<unsigned>((p & (BS - 1)) * num_kv_heads + kvh);
-    const uint8_t* kr = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2 + rowi * RB + part * TR::KB;
+    const uint8_t* kr = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2 + rowi * RB + part * PB;
     const uint8_t* vr = kr + side_stride;
-    const unsigned kd = kt + 2 * LAYOUT::idx(lt, part * (D / 4));
-    const unsigned vd = vt + 2 * LAYOUT::idx(lt, part * (D / 4));
+    const unsigned kd = kt + 2 * LAYOUT::idx(lt, part * PD);
+    const unsigned vd = vt + 2 * LAYOUT::idx(lt, part * PD);
 #pragma unroll
-    for (int i = 0; i < TR::KB / 16; ++i) {
+    for (int i = 0; i < PB / 16; ++i) {
       cp_async16_zfill(kd + 2 * LAYOUT::UNIT * i, kr + 16 * i, in);
       cp_async16_zfill(vd + 2 * LAYOUT::UNIT * i, vr + 16 * i, in);
     }

@@ -4,7 +4,9 @@ heads, d = 128, block 16), for Nsight Compute:
     ncu --clock-control none --set full -k regex:paged_attention_prefill -c 2 \\
         python3 scripts/profile_prefill.py [format] [variants...]
 
-(defaults: int4_per_token_head, mma wgmma; wgmma needs an sm_90 GPU)."""
+(defaults: int4_per_token_head, mma wgmma; wgmma needs an sm_90 GPU). ``PREFILL_T`` sets the prompt
+length (default 4096; e.g. 256 for a short compute-sanitizer run)."""
+import os
 import sys
 
 import torch
@@ -12,7 +14,7 @@ import torch
 import kvlab
 from kvlab.cuda.attention import plan_paged_attention
 
-T, HQ, HKV, D, BS = 4096, 32, 8, 128, 16
+T, HQ, HKV, D, BS = int(os.environ.get("PREFILL_T", "4096")), 32, 8, 128, 16
 fmt = sys.argv[1] if len(sys.argv) > 1 else "int4_per_token_head"
 variants = sys.argv[2:] or ["mma", "wgmma"]
 nb = T // BS

@@ -120,3 +120,90 @@ def test_wgmma_prefill_sass_issues_hgmma():
     # d = 128 int4: 8 S steps (64x64x16) + 4 P·V steps (64x128x16, B transposed) per tile
     assert sass.count("HGMMA.64x64x16.F32") >= 8 + 8
     assert "HGMMA.64x128x16.F32.BF16" in sass and ".tnspB" in sass
+
+
+def _wgmma_sass(exprs, monkeypatch=None):
+    """(ptxas log, nvdisasm text or None) of the given wgmma prefill instantiations, built with the
+    loader's options (``KVLAB_NVRTC_OPTIONS`` included)."""
+    import io
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cupy.cuda import compiler
+
+    prog = compiler._NVRTCProgram(loader.read_source("paged_prefill_wgmma"), "paged_prefill_wgmma.cu",
+                                  name_expressions=exprs, method="cubin")
+    log = io.StringIO()
+    cubin, _ = prog.compile(loader.compile_options() + ("-arch=sm_90a", "-ftz=true", "--ptxas-options=-v"),
+                            log_stream=log)
+    nvdisasm = shutil.which("nvdisasm")
+    if nvdisasm is None:
+        try:
+            import nvidia.cu13  # type: ignore
+
+            for base in nvidia.cu13.__path__:
+                cand = Path(base) / "bin" / "nvdisasm"
+                if cand.exists():
+                    nvdisasm = str(cand)
+        except ImportError:
+            pass
+    if nvdisasm is None:
+        return log.getvalue(), None
+    with tempfile.TemporaryDirectory() as td:
+        path = f"{td}/k.cubin"
+        with open(path, "wb") as f:
+            f.write(loader._pad_elf(cubin))
+        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    return log.getvalue(), sass
+
+
+@pytest.mark.parametrize("options", ["-DKVLAB_WGMMA_WS", "-DKVLAB_WGMMA_WS -DKVLAB_WGMMA_WS_STAGES=2",
+                                     "-DKVLAB_WGMMA_WS -DKVLAB_WGMMA_WS_STAGES=3",
+                                     "-DKVLAB_WGMMA_WS -DKVLAB_WGMMA_WS_NO_PINGPONG"])
+def test_wgmma_prefill_ws_build_compiles_without_spills(monkeypatch, options):
+    """The warp-specialised build (-DKVLAB_WGMMA_WS, kernels_cu/paged_prefill_wgmma_ws.cuh): every
+    instantiation compiles for sm_90a with no spills and no stack, at exactly the 168 registers
+    __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
+    producer/consumer counts are computed from 168)."""
+    from kvlab.cuda import attention  # noqa: F401
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", options)
+    reports = loader.compile_family_offline("paged_prefill_wgmma")
+    specs = loader.FAMILIES["paged_prefill_wgmma"]
+    assert {r.name_expression for r in reports} == {s.name_expression() for s in specs}
+    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
+           if r.spill_stores or r.spill_loads or r.stack_frame or r.registers != 168]
+    assert not bad, f"paged_prefill_wgmma {options}: {bad}"
+
+
+def test_wgmma_prefill_ws_sass(monkeypatch):
+    """-DKVLAB_WGMMA_WS: no ptxas warning (wgmma serialised: C7518/C7510; setmaxnreg ignored), the
+    register moves are in the SASS (producer 56 or 72, consumers 224 or 216), and every instantiation
+    issues its HGMMAs: d = 128 per branch of the consumer loop (P·V + S, P·V only, S only)."""
+    from kvlab.cuda import attention  # noqa: F401
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_WGMMA_WS")
+    exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
+    log, sass = _wgmma_sass(exprs)
+    for bad in ("C7518", "C7510", "serialized", "setmaxnreg", "arning"):
+        assert bad not in log, log
+    if sass is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    funcs = re.split(r"\n\s*\.text\.", sass)[1:]
+    assert len(funcs) == len(exprs)
+    for f in funcs:
+        m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
+        fmt, d = int(m.group(1)), int(m.group(2))
+        prod = 72 if (d == 128 and fmt in (1, 2)) else 56
+        assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
+        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
+        hg = re.findall(r"HGMMA\.(64x\d+x16)\.F32[^;]*;", f)
+        pv = [h for h in re.findall(r"HGMMA\.64x\d+x16\.F32[^;]*;", f) if ".tnspB" in h]
+        # P·V (B = V transposed, n = d) + S (n = 64 tokens) in the P·V + S and the P·V-only
+        # branch, S in the S-only branch: 2·4 P·V steps and 2·(d/16) S steps
+        assert len(pv) == 2 * 4 and all(f"64x{d}x16" in h for h in pv), (fmt, d, pv)
+        assert len(hg) - len(pv) == 2 * (d // 16) and hg.count("64x64x16") >= 2 * (d // 16), (fmt, d, hg)
+        assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in f and "SYNCS.ARRIVE.TRANS64" in f
+        assert "BAR.ARV" in f  # ping-pong handshakes

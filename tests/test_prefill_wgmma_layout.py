@@ -94,15 +94,21 @@ def test_smem_budget_matches_the_launch(d):
 
 
 @pytest.mark.parametrize("d", [64, 128])
-def test_unit_stores_land_on_core_matrix_rows(d):
-    """The decode's 16-byte stores (unit u of quarter `part` of token lt at idx(lt, part·D/4) +
-    UNIT·u halves) and the query prologue's element stores follow core_off exactly."""
+@pytest.mark.parametrize("parts", [4, 2])
+def test_unit_stores_land_on_core_matrix_rows(d, parts):
+    """The decode's 16-byte stores (unit u of part `part` of token lt at idx(lt, part·D/PARTS) +
+    UNIT·u halves; quarters for the 256-thread kernel, half rows for the warp-specialised build's
+    128 producer threads) and the query prologue's element stores follow core_off exactly, and
+    the parts of all tokens cover the tile once."""
     unit = kernel_constants()(d)["UNIT"]
+    seen = set()
     for lt in range(KT):
-        for part in range(4):
-            base = core_off(lt, part * d // 4, d) // 2
-            for u in range(d // 32):
-                assert base + unit * u == core_off(lt, part * d // 4 + 8 * u, d) // 2
+        for part in range(parts):
+            base = core_off(lt, part * d // parts, d) // 2
+            for u in range(d // (8 * parts)):
+                assert base + unit * u == core_off(lt, part * d // parts + 8 * u, d) // 2
+                seen.update(base + unit * u + i for i in range(8))
+    assert seen == set(range(KT * d))
     # 8 consecutive tokens of one unit = one 128-byte core matrix: a conflict-free quarter-warp store
     offs = sorted(core_off(t, 8, d) for t in range(8))
     assert offs == list(range(offs[0], offs[0] + 128, 16))
@@ -111,8 +117,13 @@ def test_unit_stores_land_on_core_matrix_rows(d):
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("buf", [0, 1])
 def test_descriptors_read_q_k_and_v(d, buf):
+    check_descriptors(d, buf, smem_map(d))
+
+
+def check_descriptors(d, buf, m):
+    """Fill buffer/stage ``buf`` of the map ``m`` (TILE, BUF = bytes per buffer or stage, Q_OFF,
+    BYTES) as the kernel's stores do and read every wgmma operand back through its descriptor."""
     c = kernel_constants()(d)
-    m = smem_map(d)
     rng = np.random.default_rng(d + buf)
     smem_base = 0x400  # the dynamic window starts after the static cs_sm floats (any 128-byte multiple)
     smem = np.zeros((smem_base + m["BYTES"]) // 2, np.uint16)
@@ -164,3 +175,42 @@ def test_descriptor_fields_and_no_carry():
         base = desc_noswizzle(0x400, c["V_LBO"], c["V_SBO"])
         for extra in range(0, m["BYTES"], 16):
             assert desc_fields(base + (extra >> 4))[1:] == (c["V_LBO"], c["V_SBO"], 0, 0)
+
+
+# ---------------------------------------------------------------- -DKVLAB_WGMMA_WS (ring of stages)
+def ws_smem_map(d, stages):
+    """WsSmem<D> (kernels_cu/paged_prefill_wgmma_ws.cuh): ``stages`` x (K tile, V tile, 128 floats),
+    then Q."""
+    tile = KT * d * 2
+    stage = 2 * tile + 2 * KT * 4
+    return dict(TILE=tile, BUF=stage, Q_OFF=stages * stage, BYTES=stages * stage + ROWS * d * 2)
+
+
+def test_ws_smem_formula_is_the_kernels():
+    src = (loader.kernels_dir() / "paged_prefill_wgmma_ws.cuh").read_text()
+    assert "STAGE = 2 * TILE + 2 * WG_KT * 4;" in src and "Q_OFF = WS_NS * STAGE;" in src
+    assert "BYTES = Q_OFF + WG_ROWS * D * 2;" in src
+    assert "BYTES == WS_NS * (256 * D + 512) + 256 * D" in src
+
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("d", [64, 128])
+def test_ws_smem_budget_matches_the_launch(monkeypatch, d, stages):
+    from kvlab.cuda.attention import prefill_geometry, prefill_smem_bytes
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", f"-DKVLAB_WGMMA_WS -DKVLAB_WGMMA_WS_STAGES={stages}")
+    m = ws_smem_map(d, stages)
+    assert prefill_geometry("wgmma").threads == 384 and prefill_geometry("wgmma").stages == stages
+    assert m["BYTES"] == prefill_smem_bytes(d, "wgmma") == stages * (256 * d + 512) + 256 * d
+    assert m["BYTES"] + 640 <= 227 * 1024                # + the static cs_sm floats and mbarriers
+    assert ROWS * (d + 4) * 4 <= m["BYTES"]              # epilogue output rows reuse the window
+    assert m["TILE"] % 128 == 0 and m["BUF"] % 16 == 0 and m["Q_OFF"] % 16 == 0
+    # descriptor start field (14 bits of addr >> 4): every operand start below 256 KB, no carry
+    assert ((0x400 + m["Q_OFF"] + 8 * 16 * d + d * 2) >> 4) < (1 << 14)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("stage", [0, 1, 2, 3])
+def test_ws_descriptors_read_q_k_and_v(d, stage):
+    """The consumers' descriptors of stage s (kdesc0/vdesc0 + (s·STAGE) >> 4, Q after the ring)."""
+    check_descriptors(d, stage, ws_smem_map(d, 4))

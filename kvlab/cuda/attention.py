@@ -170,10 +170,66 @@ def _prefill_spec(code, d, t, variant="mma"):
     return KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
 
 
+#: compile switch of the warp-specialised wgmma prefill kernel (kernels_cu/paged_prefill_wgmma_ws.cuh:
+#: a producer warpgroup decodes into a ring of stages, two consumer warpgroups of 64 rows each),
+#: given through ``KVLAB_NVRTC_OPTIONS``; ``KVLAB_WGMMA_WS_STAGES=N`` (2..4, default 4) sets the ring
+WGMMA_WS_MACRO = "KVLAB_WGMMA_WS"
+WGMMA_WS_STAGES_MACRO = "KVLAB_WGMMA_WS_STAGES"
+WGMMA_WS_DEFAULT_STAGES = 4
+
+
+@dataclass(frozen=True)
+class PrefillGeometry:
+    """Launch shape of a prefill kernel build: query rows per CTA, threads per CTA, and the
+    warp-specialised build's ring stages (0: not warp-specialised)."""
+    rows: int
+    threads: int
+    stages: int = 0
+
+
+def _macros(env_options: str) -> dict:
+    """``-DNAME[=VALUE]`` / ``--define-macro=NAME[=VALUE]`` of an NVRTC option string -> {NAME: VALUE or ""}."""
+    out = {}
+    for o in env_options.split():
+        for pre in ("--define-macro=", "-D"):
+            if o.startswith(pre) and len(o) > len(pre):
+                name, _, value = o[len(pre):].partition("=")
+                out[name] = value
+                break
+    return out
+
+
+@functools.lru_cache(maxsize=8)
+def _wgmma_geometry(env_options: str) -> PrefillGeometry:
+    m = _macros(env_options)
+    if WGMMA_WS_MACRO not in m:
+        return PrefillGeometry(PF_ROWS, PF_WARPS * 32)
+    stages = int(m.get(WGMMA_WS_STAGES_MACRO) or WGMMA_WS_DEFAULT_STAGES)
+    if not 2 <= stages <= 4:
+        raise ValueError(f"KVLAB_NVRTC_OPTIONS: -D{WGMMA_WS_STAGES_MACRO}={stages}: 2 .. 4 stages")
+    return PrefillGeometry(PF_ROWS, 384, stages)
+
+
+def prefill_geometry(variant: str = "mma") -> PrefillGeometry:
+    """Launch shape of the prefill kernel ``variant`` as built now: 128 rows on 256 threads (v2;
+    wgmma: 2 warpgroups), or, for the wgmma kernel built with ``-DKVLAB_WGMMA_WS`` (read from
+    ``KVLAB_NVRTC_OPTIONS``, cached per value; set it for the whole process, as a family is compiled
+    once), 128 rows on 384 threads (producer + 2 consumer warpgroups) with ``stages`` ring stages."""
+    if variant == "wgmma":
+        return _wgmma_geometry(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
+    return PrefillGeometry(PF_ROWS, PF_WARPS * 32)
+
+
 def prefill_smem_bytes(d: int, variant: str = "mma") -> int:
     """Dynamic shared memory of a prefill launch: two KV tile buffers + the query rows
     (``PfSmem<D>::BYTES`` in paged_prefill.cu: 16-byte padded rows for ldmatrix;
-    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices)."""
+    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices); the
+    warp-specialised wgmma build: ``stages`` ring stages + the query rows (``WsSmem<D>::BYTES``,
+    stages·(256·d + 512) + 256·d)."""
+    if variant == "wgmma":
+        stages = prefill_geometry(variant).stages
+        if stages:
+            return stages * (256 * d + 512) + 256 * d
     return 768 * d + (1024 if variant == "wgmma" else 7168)
 
 
@@ -355,7 +411,7 @@ class AttentionPlan:
                 kp = get_kernel(pf_spec, self.device_id)
                 pf_smem = prefill_smem_bytes(d, self.prefill_variant)
                 _raise_dynamic_smem(kp, pf_spec, self.device_id, pf_smem)
-                L.launch(kp, (self.n_pf, self.num_kv_heads), (PF_WARPS * 32,), (
+                L.launch(kp, (self.n_pf, self.num_kv_heads), (prefill_geometry(self.prefill_variant).threads,), (
                     L.ptr(q), L.ptr(out), L.ptr(kv_cache), L.ptr(block_table), L.i32(bt_stride),
                     L.ptr(seq_lens), L.ptr(query_start_loc), L.ptr(self.pf_items),
                     L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
