@@ -120,3 +120,18 @@ def test_wgmma_prefill_sass_issues_hgmma():
     # d = 128 int4: 8 S steps (64x64x16) + 4 P·V steps (64x128x16, B transposed) per tile
     assert sass.count("HGMMA.64x64x16.F32") >= 8 + 8
     assert "HGMMA.64x128x16.F32.BF16" in sass and ".tnspB" in sass
+
+
+@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_V_FP16", "-DKVLAB_DECODE_V_FP16 -DKVLAB_PAGED_PAIR"])
+def test_decode_v_fp16_switch_compiles_without_spills(monkeypatch, opts):
+    """The int4 fp16-V decode experiment (attention_common.cuh, DecodeVF16) builds every
+    paged_attention instantiation (decode, paged decode, merge) for sm_90 with no spills and no
+    stack frame, alone and with the two-tile softmax."""
+    from kvlab.cuda import attention  # noqa: F401  (registers the families)
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    reports = loader.compile_family_offline("paged_attention", "sm_90")
+    assert {r.name_expression for r in reports} == {s.name_expression() for s in loader.FAMILIES["paged_attention"]}
+    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
+           if r.spill_stores or r.spill_loads or r.stack_frame]
+    assert not bad, f"{opts}: spills {bad}"
