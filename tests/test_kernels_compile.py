@@ -207,3 +207,18 @@ def test_wgmma_prefill_ws_sass(monkeypatch):
         assert len(hg) - len(pv) == 2 * (d // 16) and hg.count("64x64x16") >= 2 * (d // 16), (fmt, d, hg)
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in f and "SYNCS.ARRIVE.TRANS64" in f
         assert "BAR.ARV" in f  # ping-pong handshakes
+
+
+@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_V_FP16", "-DKVLAB_DECODE_V_FP16 -DKVLAB_PAGED_PAIR"])
+def test_decode_v_fp16_switch_compiles_without_spills(monkeypatch, opts):
+    """The int4 fp16-V decode experiment (attention_common.cuh, DecodeVF16) builds every
+    paged_attention instantiation (decode, paged decode, merge) for sm_90 with no spills and no
+    stack frame, alone and with the two-tile softmax."""
+    from kvlab.cuda import attention  # noqa: F401  (registers the families)
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    reports = loader.compile_family_offline("paged_attention", "sm_90")
+    assert {r.name_expression for r in reports} == {s.name_expression() for s in loader.FAMILIES["paged_attention"]}
+    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
+           if r.spill_stores or r.spill_loads or r.stack_frame]
+    assert not bad, f"{opts}: spills {bad}"
