@@ -62,6 +62,9 @@
 #if !defined(KVLAB_INT4_WRITE_MMA) && !defined(KVLAB_INT4_WRITE_CUDA_CORES) && !defined(KVLAB_INT4_WRITE_MMA8)
 #define KVLAB_INT4_WRITE_MMA8
 #endif
+#if defined(KVLAB_INT4_WRITE_LEAN) && !defined(KVLAB_INT4_WRITE_MMA8)
+#error "KVLAB_INT4_WRITE_LEAN refines the MMA8 write (the default): not with KVLAB_INT4_WRITE_MMA / _CUDA_CORES"
+#endif
 #if defined(KVLAB_INT4_WRITE_MMA) || defined(KVLAB_INT4_WRITE_MMA8)
 #include "int4_write_mma.cuh"
 #endif
@@ -798,6 +801,196 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
 template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() {
   return FMT == FMT_INT4 && sizeof(T) == 2 && D == 128;
 }
+#if defined(KVLAB_INT4_WRITE_LEAN)
+// ---------------------------------------------------------------- -DKVLAB_INT4_WRITE_LEAN (session 7)
+// The MMA8 tail with fewer instructions per element and per row, the same cache bytes
+// (docs/notes-int4-write-mma.md, "Session 7 candidate"; tests/test_int4_write_variants.py):
+//  * quad min / max on packed 16-bit words: the lane's min pair and NEGATED max pair are folded
+//    into one word (min in the low half, -max in the high half), so one NaN-propagating packed
+//    min per shuffle stage reduces both; no float unpack before the shuffles.
+//  * the rare path is entered on the quad's range (!(mx - mn <= MAX), quad-uniform, no ballot);
+//    inside, the default's lane-by-lane decision is taken again, so the rows that take it are
+//    exactly the default's.
+//  * inv_scale = RN(1/scale) by __frcp_rn's fast-path instructions without its range test
+//    (scale is in [1e-6, 2.3e37], inside that path's range: rcp_rn_scale).
+//  * codes as nibbles straight from the magic words (int4_chunk_codes_nibbles): 7 LEA per 8
+//    codes instead of 11 integer instructions.
+
+// RN(1/s) for s in [1e-6, 2.27e37] (every int4 scale): MUFU.RCP and one Newton step with two
+// FMAs, the instructions __frcp_rn executes for s whose biased exponent is in [1, 252] (its
+// range test, IADD3 0x1800000 / LOP3 0x7f800000 / ISETP.GT 0x1ffffff, sends only the others to
+// the slow path); 1e-6 has exponent 107 and 2.27e37 exponent 251. __frcp_rn computes
+// e = -(s·r - 1) (FFMA then FADD negation) where this computes e = 1 - s·r with one FFMA: the
+// same value up to the sign of a zero e, and r + r·(±0) = r.
+__device__ __forceinline__ float rcp_rn_scale(float s) {
+  float y;  // one asm block, so that ptxas folds the negation into the FFMA
+  asm("{\n\t.reg .f32 r, e, ns;\n\t"
+      "rcp.approx.ftz.f32 r, %1;\n\t"
+      "neg.f32 ns, %1;\n\t"
+      "fma.rn.f32 e, ns, r, 0f3F800000;\n\t"
+      "fma.rn.f32 %0, r, e, r;\n\t}"
+      : "=f"(y) : "f"(s));
+  return y;
+}
+
+// int4_qparams_recip with rcp_rn_scale, plus zph = RN(zp + pred(0.5)) for the nibble codes: zp + 0.5
+// for zp >= 1 (zp + 0.5 - 2^-25 is not a float there, and zp + 0.5 is the nearest), 0.5 - 2^-25
+// for zp = 0 (int4_chunk_codes_nibbles says why).
+__device__ __forceinline__ Int4Params int4_qparams_lean(float rng, float mn, float& zph) {
+  Int4Params p;
+  p.scale = fmaxf(div_rn_by_recip(rng, 15.0f, 0.06666667014360428f /* RN(1/15) */), 1e-6f);
+  p.inv_scale = rcp_rn_scale(p.scale);
+  const float x = -mn;
+  const float q0 = __fmul_rn(x, p.inv_scale);
+  const float q = fabsf(q0) < 16.0f ? fmaf(fmaf(-p.scale, q0, x), p.inv_scale, q0) : q0;
+  const float z = fminf(fmaxf(round_half_away(q), 0.0f), 15.0f);
+  p.zp = z;
+  p.word = (__float_as_uint(p.scale) & 0xFFFFFFF0u) | static_cast<uint32_t>(z);
+  zph = __fadd_rn(z, 0.49999997f);  // pred(0.5) = 0.5 - 2^-25
+  return p;
+}
+
+// The 8 codes of chunk c as one word of nibbles, for a row whose every v = RN(RN(y·inv) + zp)
+// lies in (-0.5, 15.5) (the caller's noclamp test, strict at -0.5). Per code: t = RN(y·inv),
+// v' = RN(t + zph), k = floor(v') from the magic add RZ(v' + M) = M + k (grid 1 in [2^23, 2^24)),
+// whose bits are bits(M) + k; the words are summed as k_j << 4j with 7 LEA. The magic constants'
+// bits cancel mod 2^32: element 0 uses M = 2^23 (0x4B000000), element 1 uses M = 2^23 + 5·2^20
+// (0x4B500000, << 4 = 0xB5000000; 0x4B000000 + 0xB5000000 = 2^32), elements 2..7 use 2^23, whose
+// bits vanish under a shift by >= 8. k_j <= 15, so no carries between nibbles.
+// Why floor(RN(t + zph)) is the reference code floor(RN(t + zp) + 0.5) (SPEC 2.1 step 4):
+//  * zp >= 1 (zph = zp + 0.5). code >= k  <=>  RN(s) >= k - 0.5 (reference) vs RN(s + 0.5) >= k,
+//    s = t + zp exactly. For k >= 2, k - 0.5 and the floats just below it and just below k lie in
+//    one binade, so both thresholds are s >= k - 0.5 - ulp/2 with the tie going up (k - 0.5 and
+//    k are even). For k = 1 they differ on s in [0.5 - 2^-25, 0.5 - 2^-26), which holds no
+//    t + zp: t <= -0.5 there, a multiple of 2^-24. v' >= 0: RN(s) >= -0.5 and s a multiple of
+//    2^-24 give s >= -0.5.
+//  * zp = 0 (zph = 0.5 - 2^-25): t is a float, the reference code is floor(t + 0.5); t > -0.5
+//    (strict noclamp) gives t + zph >= 0; t = 0.5 - 2^-25 gives 1 - 2^-24 (code 0), t = 0.5 the
+//    tie 1 - 2^-25 -> 1 (code 1); for k >= 2 the float below k - 0.5 is an ulp >= 2^-23 away,
+//    more than the 2^-25 by which zph is short of 0.5.
+// tests/test_int4_write_variants.py checks it exactly on every tie of every zero point.
+template <int EPT>
+__device__ __forceinline__ uint32_t int4_chunk_codes_nibbles(const float (&x)[EPT], int c, float inv_scale,
+                                                             float zph) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    const float v = __fadd_rn(__fmul_rn(x[c * 8 + j], inv_scale), zph);
+    const uint32_t t = __float_as_uint(__fadd_rz(v, j == 1 ? 13631488.0f : 8388608.0f));
+    w += t << (4 * j);
+  }
+  return w;
+}
+
+// Quad min and max of the rounded values, NaN-propagating, from the lane's 16 packed pairs:
+// the lane's min pair m and max pair M (as minmax_unpack), then one word (min(m.lo, m.hi),
+// -max(M.lo, M.hi)) reduced with packed min over the quad (xor 1, 2). Negation flips the sign
+// bit (exact, NaN stays NaN).
+template <typename T>
+__device__ __forceinline__ void quad_min_max_packed(const typename Pair<T>::V (&p)[16], float& mn, float& mx) {
+  using V = typename Pair<T>::V;
+  V vmin = p[0], vmax = p[0];
+#pragma unroll
+  for (int j = 1; j < 16; ++j) {
+    vmin = __hmin2_nan(vmin, p[j]);
+    vmax = __hmax2_nan(vmax, p[j]);
+  }
+  const uint32_t a = *reinterpret_cast<const uint32_t*>(&vmin);
+  const uint32_t b = *reinterpret_cast<const uint32_t*>(&vmax) ^ 0x80008000u;
+  const uint32_t lo = __byte_perm(a, b, 0x5410), hi = __byte_perm(a, b, 0x7632);
+  V w = __hmin2_nan(*reinterpret_cast<const V*>(&lo), *reinterpret_cast<const V*>(&hi));
+#pragma unroll
+  for (int o = 1; o < 4; o <<= 1) {
+    uint32_t u = *reinterpret_cast<const uint32_t*>(&w);
+    u = __shfl_xor_sync(0xffffffffu, u, o);
+    w = __hmin2_nan(w, *reinterpret_cast<const V*>(&u));
+  }
+  const float2 f = Pair<T>::unpack(w);
+  mn = f.x;
+  mx = -f.y;
+}
+
+// quantize_store_int4<…, BYTE_CODES, ZP_RECIP> (the MMA8 tail) from the packed rounded pairs pk,
+// with the pieces above; the same decisions and bytes.
+template <int D, typename T>
+__device__ __forceinline__ void quantize_store_int4_lean(typename Pair<T>::V (&pk)[16], bool active, int lig,
+                                                         uint8_t* row, const T* src) {
+  using G = Int4Geometry<D, T>;
+  constexpr int EPT = G::EPT, LANES = G::LANES, VEC = G::VEC, NC = G::NC;
+  static_assert(EPT == 32 && LANES == 4 && VEC == 8 && NC == 4, "d = 128, 16-bit");
+  constexpr float FMAX = 3.402823466e38f;
+  float mn, mx;
+  quad_min_max_packed<T>(pk, mn, mx);
+  float rng = __fsub_rn(mx, mn);
+  bool bad = false;
+  if (!(rng <= FMAX)) {  // quad-uniform: NaN, ±inf or overflow somewhere in the quad
+    const unsigned lane = threadIdx.x & 31u;
+    const unsigned gmask = 0xFu << (lane & ~3u);
+    float x[EPT], lmn, lmx;
+    minmax_unpack<T, EPT>(pk, x, lmn, lmx);
+    // the default's test, lane by lane (quantize_store_int4): a quad whose range overflows only
+    // across lanes stays on the common path there, and here
+    const bool flag = !(__fsub_rn(lmx, lmn) <= FMAX);
+    if (__ballot_sync(gmask, flag) & gmask) {
+      bool nonfinite = false;
+#pragma unroll
+      for (int c = 0; c < NC; ++c) {
+        uint4 r = make_uint4(0, 0, 0, 0);
+        if (active) r = __ldg(reinterpret_cast<const uint4*>(src + c * VEC * LANES));
+        raw16_to_float<T, EPT>(rht_signs_raw16<T>(r, c * VEC * LANES + lig * VEC), x, c * VEC);
+      }
+#pragma unroll
+      for (int j = 0; j < EPT; ++j) nonfinite |= !(fabsf(x[j]) <= FMAX);
+      bad = (__ballot_sync(gmask, nonfinite) & gmask) != 0;
+      if (!bad) {
+#pragma unroll
+        for (int j = 0; j < EPT; ++j) x[j] = __fmul_rn(x[j], 0.0009765625f);  // 2^-10
+        wht_chunked<EPT, LANES, VEC>(x, lig, gmask);
+        constexpr float BIG = Pair<T>::MAX;
+#pragma unroll
+        for (int j = 0; j < EPT; ++j) x[j] = fminf(fmaxf(__fmul_rn(x[j], 1024.0f), -BIG), BIG);
+        round_minmax<T, EPT>(x, lmn, lmx);
+      }
+      mn = group_min<LANES>(lmn);
+      mx = group_max<LANES>(lmx);
+    }
+    round_pack<T, EPT>(x, pk);  // exact: x is rounded to T (pk is not live across the rare path)
+    rng = fminf(__fsub_rn(mx, mn), FMAX);
+  }
+  float zph;
+  const Int4Params p = int4_qparams_lean(rng, mn, zph);
+  const float vlo = __fadd_rn(__fmul_rn(mn, p.inv_scale), p.zp);
+  const float vhi = __fadd_rn(__fmul_rn(mx, p.inv_scale), p.zp);
+  // strict at -0.5 (int4_chunk_codes_nibbles needs v > -0.5 where zp = 0)
+  const bool noclamp = __all_sync(0xffffffffu, bad || (vlo > -0.5f && vhi < 15.5f));
+  float x[EPT];
+#pragma unroll
+  for (int j = 0; j < EPT / 2; ++j) {
+    const float2 f = Pair<T>::unpack(pk[j]);
+    x[2 * j] = f.x;
+    x[2 * j + 1] = f.y;
+  }
+  uint32_t w[NC];
+  if (noclamp) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes_nibbles<EPT>(x, c, p.inv_scale, zph);
+  } else {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c] = int4_chunk_codes_bytes<true>(x, c, p);
+  }
+  if (bad) {
+#pragma unroll
+    for (int c = 0; c < NC; ++c) w[c] = 0u;
+  }
+  const uint32_t tail = bad ? INVALID_SCALE_BITS : p.word;
+#pragma unroll
+  for (int c = 0; c < NC; ++c) {
+    if (active) *reinterpret_cast<uint32_t*>(row + (c * VEC * LANES + lig * VEC) / 2) = w[c];
+  }
+  if (active && lig == 0) *reinterpret_cast<uint32_t*>(row + D / 2) = tail;
+}
+#endif  // KVLAB_INT4_WRITE_LEAN
+
 template <int D, typename T>
 __device__ __forceinline__ void rotate_encode_store_int4_mma8(const uint4 (&raw)[4], bool active, int lig,
                                                               uint8_t* row, const T* src) {
@@ -812,9 +1005,13 @@ __device__ __forceinline__ void rotate_encode_store_int4_mma8(const uint4 (&raw)
     for (int a = 0; a < 8; ++a) pk[mma_out_slot(a, tile, 0) / 2] = Pair<T>::pack(z[a][0], z[a][1]);
   });
   static_assert(mma_out_slot(0, 0, 1) == mma_out_slot(0, 0, 0) + 1, "a pair of columns = a pair of elements");
+#if defined(KVLAB_INT4_WRITE_LEAN)
+  quantize_store_int4_lean<D, T>(pk, active, lig, row, src);
+#else
   float x[G::EPT], mn, mx;
   minmax_unpack<T, G::EPT>(pk, x, mn, mx);
   quantize_store_int4<D, T, G, true, true>(x, mn, mx, active, lig, row, src);
+#endif
 }
 
 // The whole int4 write with rht_mma8_row: the base kernel's rows and lanes (group = thread / 4,

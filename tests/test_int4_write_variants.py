@@ -202,3 +202,235 @@ def test_byte_codes_emulation_is_the_kernels():
                  "else e += t << (8 * (j >> 1));",
                  "return ((e >> 1) & 0x0F0F0F0Fu) | ((o << 3) & 0xF0F0F0F0u);"):
         assert line in SRC, line
+
+
+# ----------------------------------------------------------------------------- -DKVLAB_INT4_WRITE_LEAN
+# quantize_store_int4_lean (reshape_and_cache.cu), the session-7 candidate: nibble codes from
+# RN(t + zph), the packed quad min / max, the reciprocal without its range test.
+M_EVEN, M_ONE = 8388608.0, 13631488.0      # 2^23 (bits 0x4B000000), 2^23 + 5·2^20 (0x4B500000)
+PRED_HALF = np.float32(0.49999997)          # 0.5 - 2^-25
+
+
+def lean_zph(zp) -> np.ndarray:
+    """int4_qparams_lean: zph = RN(zp + pred(0.5)) in float32."""
+    return (np.asarray(zp, np.float32) + PRED_HALF).astype(np.float32)
+
+
+def lean_code_bits(v: np.ndarray, magic: float) -> np.ndarray:
+    """bits(RZ(v' + M)) of float32 v'."""
+    return f32_rz(v.astype(np.float32).astype(np.float64) + magic).view(np.uint32).astype(np.uint64)
+
+
+def nibble_word(t8: np.ndarray, zph: np.ndarray, m_one: float = M_ONE) -> np.ndarray:
+    """int4_chunk_codes_nibbles on rows of 8 products t = RN(y·inv): v' = RN(t + zph) (float32),
+    word = sum_j bits(RZ(v'_j + M_j)) << 4j mod 2^32 (M_1 = m_one, the others 2^23)."""
+    M = np.uint64(0xFFFFFFFF)
+    v = (t8.astype(np.float32) + np.asarray(zph, np.float32).reshape(-1, 1)).astype(np.float32)
+    w = np.zeros(t8.shape[0], np.uint64)
+    for j in range(8):
+        b = lean_code_bits(v[:, j], m_one if j == 1 else M_EVEN)
+        w = (w + ((b << np.uint64(4 * j)) & M)) & M
+    return w
+
+
+def reference_codes_from_t(t: np.ndarray, zp: np.ndarray) -> tuple:
+    """SPEC 2.1 step 4 from the product t: v = RN(t + zp), code = clip(round_half_away(v), 0, 15).
+    Returns (codes, v)."""
+    v = (t.astype(np.float32) + np.asarray(zp, np.float32)).astype(np.float32)
+    return np.clip(round_half_away(v), 0, 15).astype(np.int64), v
+
+
+def t_neighbourhood(zp: int, ulps: int = 40) -> np.ndarray:
+    """Products t around every threshold k - 0.5 - zp (k = 0..16) of a zero point, ±ulps float32
+    steps, plus the thresholds of the exact sum t + zp one ulp of k - 0.5 below (the double
+    rounding of RN(t + zp))."""
+    vals = []
+    for k in range(0, 17):
+        c = np.float32(k - 0.5 - zp)
+        a = b = c
+        vals.append(c)
+        for _ in range(ulps):
+            a = np.nextafter(a, np.float32(-np.inf))
+            b = np.nextafter(b, np.float32(np.inf))
+            vals += [a, b]
+    vals += [np.float32(0.5) - np.float32(2.0 ** -25), np.float32(-0.5) - np.float32(2.0 ** -24),
+             np.float32(0.0), np.float32(-0.0), np.float32(1e-30), np.float32(-1e-30)]
+    return np.array(vals, np.float32)
+
+
+def lean_codes_vs_reference(zph_of=lean_zph, strict=True, m_one=M_ONE) -> int:
+    """Mismatches of the nibble codes against the reference over every zero point's thresholds,
+    each value in each of the 8 positions; the domain is the kernel's noclamp test on v
+    (-0.5 < v < 15.5, or -0.5 <= v when not strict)."""
+    rng = np.random.default_rng(11)
+    bad = 0
+    for zp in range(16):
+        t = t_neighbourhood(zp)
+        t = np.concatenate([t, rng.uniform(-zp - 0.5, 15.5 - zp, 20_000).astype(np.float32)])
+        want, v = reference_codes_from_t(t, np.float32(zp))
+        ok = ((v > -0.5) if strict else (v >= -0.5)) & (v < 15.5)
+        t, want = t[ok], want[ok]
+        n = len(t) // 8 * 8
+        for k in range(8):   # each value in each position
+            tt = np.roll(t, k)[:n].reshape(-1, 8)
+            ww = np.roll(want, k)[:n].reshape(-1, 8)
+            ref = np.zeros(tt.shape[0], np.uint64)
+            for j in range(8):
+                ref |= ww[:, j].astype(np.uint64) << np.uint64(4 * j)
+            bad += int((nibble_word(tt, np.full(tt.shape[0], zph_of(zp), np.float32), m_one) != ref).sum())
+    return bad
+
+
+def test_lean_nibble_codes_equal_reference_on_every_threshold():
+    """floor(RN(t + zph)) = the reference code floor(RN(t + zp) + 0.5) for every zero point, on the
+    float32 neighbourhoods of every threshold (ties and double-rounding cases included) and random
+    products, wherever the strict noclamp test holds; the magic constants cancel mod 2^32."""
+    assert lean_codes_vs_reference() == 0
+
+
+def test_lean_nibble_codes_perturbations_fail():
+    """The three choices the proof needs, each broken on its own, give wrong words: zph = zp + 0.5
+    at zp = 0 (t = 0.5 - 2^-25 rounds up to 1), the non-strict -0.5 bound (t = -0.5 at zp = 0
+    gives v' < 0), and M_1 = 2^23 (the constants no longer cancel)."""
+    assert lean_codes_vs_reference(zph_of=lambda zp: np.float32(zp + 0.5)) > 0
+    assert lean_codes_vs_reference(strict=False) > 0
+    assert lean_codes_vs_reference(m_one=M_EVEN) > 0
+    # the cancellation itself
+    assert (0x4B000000 + ((0x4B500000 << 4) & 0xFFFFFFFF)) & 0xFFFFFFFF == 0
+    assert all(((0x4B000000 << (4 * j)) & 0xFFFFFFFF) == 0 for j in range(2, 8))
+    assert np.float32(M_ONE).view(np.uint32) == 0x4B500000 and np.float32(M_EVEN).view(np.uint32) == 0x4B000000
+
+
+def lean_row_words(y: np.ndarray):
+    """The lean tail on rounded rows y (n, 128) float32: reference qparams, inv = RN(1/scale),
+    strict noclamp per row, nibble words of the 16 chunks of 8 (in element order). Returns
+    (words (n, 16), noclamp (n,))."""
+    scale, zp = int4_qparams(y)
+    inv = (np.float32(1.0) / scale).astype(np.float32)
+    t = (y * inv[:, None]).astype(np.float32)
+    v = (t + zp.astype(np.float32)[:, None]).astype(np.float32)
+    noclamp = (v.min(-1) > -0.5) & (v.max(-1) < 15.5)
+    zph = lean_zph(zp)
+    words = np.stack([nibble_word(t[:, 8 * c:8 * c + 8], zph) for c in range(16)], axis=1)
+    return words, noclamp
+
+
+@pytest.mark.parametrize("dtype", [NUMPY_BF16, np.dtype(np.float16)])
+def test_lean_nibble_codes_through_real_rows(dtype):
+    """Real rotated rows (random magnitudes, one-signed rows with zp = 0, zero rows): where the
+    strict noclamp test holds the nibble words are the reference's codes; it holds for almost
+    every row (a warp whose test fails takes int4_chunk_codes_bytes<true>, the default's)."""
+    rng = np.random.default_rng(12)
+    x = rng.standard_normal((4000, 128)) * rng.uniform(1e-3, 50.0, (4000, 1))
+    x[:200] = np.abs(x[:200]) + 3.0       # rows whose rotation is mostly one-signed
+    x[200:210] = 0.0                      # zero rows: scale 1e-6, zp 0
+    y = round_to_input_dtype(rht(x.astype(dtype)), dtype)
+    y[210:400] = np.abs(y[210:400])        # one-signed rotated rows: zp = 0
+    words, noclamp = lean_row_words(y)
+    scale, zp = int4_qparams(y)
+    q = int4_codes(y, scale, zp).astype(np.uint64).reshape(len(y), 16, 8)
+    want = np.zeros((len(y), 16), np.uint64)
+    for j in range(8):
+        want |= q[:, :, j] << np.uint64(4 * j)
+    assert noclamp.mean() > 0.95 and noclamp[200:400].any() and (zp[210:400] == 0).all()
+    assert np.array_equal(words[noclamp], want[noclamp])
+
+
+# packed quad min / max
+def _hmin_nan(a, b):
+    return np.where(np.isnan(a) | np.isnan(b), np.float32(np.nan), np.minimum(a, b)).astype(np.float32)
+
+
+def _hmax_nan(a, b):
+    return np.where(np.isnan(a) | np.isnan(b), np.float32(np.nan), np.maximum(a, b)).astype(np.float32)
+
+
+def quad_min_max_lean(lanes: np.ndarray, negate=True):
+    """quad_min_max_packed on the quad's 4 lanes × 16 pairs (values of T as float32): lane min
+    pair and max pair, the max pair negated (sign bit), (min.lo, -max.lo) and (min.hi, -max.hi)
+    folded with a packed min, then packed min with lane ^ 1 and lane ^ 2. Returns (mn, mx) per
+    lane."""
+    vmin = lanes[:, 0, :].copy()
+    vmax = lanes[:, 0, :].copy()
+    for j in range(1, 16):
+        vmin, vmax = _hmin_nan(vmin, lanes[:, j, :]), _hmax_nan(vmax, lanes[:, j, :])
+    nmax = -vmax if negate else vmax
+    w = _hmin_nan(np.stack([vmin[:, 0], nmax[:, 0]], 1), np.stack([vmin[:, 1], nmax[:, 1]], 1))
+    for o in (1, 2):
+        w = _hmin_nan(w, w[np.arange(4) ^ o])
+    return w[:, 0], -w[:, 1]
+
+
+def quad_min_max_default(lanes: np.ndarray):
+    """minmax_unpack + the lane flag + group_min / group_max (fminf / fmaxf) of the default tail."""
+    mn_l = np.array([np.float32(np.nan) if np.isnan(l).any() else l.min() for l in lanes], np.float32)
+    mx_l = np.array([np.float32(np.nan) if np.isnan(l).any() else l.max() for l in lanes], np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        flag_l = ~((mx_l - mn_l).astype(np.float32) <= np.float32(3.402823466e38))
+    return np.fmin.reduce(mn_l), np.fmax.reduce(mx_l), flag_l
+
+
+@pytest.mark.parametrize("dtype", [NUMPY_BF16, np.dtype(np.float16)])
+def test_lean_quad_min_max_equals_default(dtype):
+    """For finite quads the packed (min, -max) reduction gives the default's group min and max in
+    every lane; a quad with any lane the default flags (NaN, ±inf, lane range overflow) has a
+    quad range that fails !(mx - mn <= MAX), so the lean tail enters its rare branch, where the
+    default's own lane test decides. Negating nothing breaks it."""
+    rng = np.random.default_rng(13)
+    big = float(np.finfo(np.float32).max) if dtype == NUMPY_BF16 else 65504.0
+    broken = 0
+    for it in range(3000):
+        scale = 10.0 ** rng.uniform(-6, 3)
+        lanes = (rng.standard_normal((4, 16, 2)) * scale).astype(dtype).astype(np.float32)
+        kind = it % 6
+        if kind == 1:
+            lanes[rng.integers(4), rng.integers(16), rng.integers(2)] = np.nan
+        elif kind == 2:
+            lanes[rng.integers(4), rng.integers(16), rng.integers(2)] = rng.choice([np.inf, -np.inf])
+        elif kind == 3 and dtype == NUMPY_BF16:   # lane range overflows float32
+            l = rng.integers(4)
+            lanes[l, 0, 0], lanes[l, 1, 1] = np.float32(3.3e38), np.float32(-3.3e38)
+        elif kind == 4 and dtype == NUMPY_BF16:   # only the quad's range overflows
+            lanes[0, 0, 0], lanes[3, 1, 1] = np.float32(3.3e38), np.float32(-3.3e38)
+        elif kind == 5:
+            lanes[rng.integers(4), rng.integers(16), rng.integers(2)] = big
+        mn, mx = quad_min_max_lean(lanes)
+        assert (mn == mn[0]).all() | np.isnan(mn).all() and ((mx == mx[0]).all() | np.isnan(mx).all())
+        dmn, dmx, flag_l = quad_min_max_default(lanes)
+        with np.errstate(over="ignore", invalid="ignore"):
+            quad_flag = not (np.float32(mx[0] - mn[0]) <= np.float32(3.402823466e38))
+        if flag_l.any():
+            assert quad_flag, (it, lanes)
+        if not quad_flag:
+            assert mn[0] == dmn and mx[0] == dmx, (it, mn[0], dmn, mx[0], dmx)
+        bmn, bmx = quad_min_max_lean(lanes, negate=False)
+        broken += int(not (np.isnan(dmx) or bmx[0] == dmx))
+    assert broken > 0
+
+
+def test_lean_rcp_range_is_the_fast_path():
+    """Every int4 scale (1e-6 .. RN(MAX / 15)) has a biased exponent in [1, 252], where __frcp_rn's
+    range test ((bits + 0x1800000) & 0x7f800000 > 0x1ffffff) takes the fast path that
+    rcp_rn_scale copies; the test excludes exactly exponents 0, 253, 254, 255."""
+    lo = np.float32(1e-6).view(np.uint32)
+    hi = (np.float32(3.402823466e38) / np.float32(15.0)).astype(np.float32).view(np.uint32)
+    for b in (lo, hi):
+        assert ((int(b) + 0x1800000) & 0x7F800000) > 0x1FFFFFF
+    fast = [e for e in range(256) if (((e << 23) + 0x1800000) & 0x7F800000) > 0x1FFFFFF]
+    assert fast == list(range(1, 253))
+    assert 1 <= int(lo) >> 23 and int(hi) >> 23 <= 252
+
+
+def test_lean_emulation_is_the_kernels():
+    """The emulations above transcribe these lines of the lean tail."""
+    for line in ('zph = __fadd_rn(z, 0.49999997f);  // pred(0.5) = 0.5 - 2^-25',
+                 "const float v = __fadd_rn(__fmul_rn(x[c * 8 + j], inv_scale), zph);",
+                 "const uint32_t t = __float_as_uint(__fadd_rz(v, j == 1 ? 13631488.0f : 8388608.0f));",
+                 "w += t << (4 * j);",
+                 "const bool noclamp = __all_sync(0xffffffffu, bad || (vlo > -0.5f && vhi < 15.5f));",
+                 "const uint32_t b = *reinterpret_cast<const uint32_t*>(&vmax) ^ 0x80008000u;",
+                 "const uint32_t lo = __byte_perm(a, b, 0x5410), hi = __byte_perm(a, b, 0x7632);",
+                 "if (!(rng <= FMAX)) {  // quad-uniform",
+                 "const bool flag = !(__fsub_rn(lmx, lmn) <= FMAX);",
+                 '"fma.rn.f32 e, ns, r, 0f3F800000;\\n\\t"'):
+        assert line in SRC, line

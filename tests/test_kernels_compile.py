@@ -222,3 +222,39 @@ def test_decode_v_fp16_switch_compiles_without_spills(monkeypatch, opts):
     bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
            if r.spill_stores or r.spill_loads or r.stack_frame]
     assert not bad, f"{opts}: spills {bad}"
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_int4_write_lean_compiles_without_spills(arch, monkeypatch):
+    """-DKVLAB_INT4_WRITE_LEAN (the session-7 MMA8 tail, docs/notes-int4-write-mma.md): every
+    reshape_and_cache instantiation compiles without spills; the d = 128 16-bit int4 kernels keep
+    sm_90's 80 registers (3 blocks/SM), and their cubin has no __frcp_rn slow path any more."""
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_INT4_WRITE_LEAN")
+    reports = loader.compile_family_offline("reshape_and_cache", arch)
+    assert len(reports) == len(loader.FAMILIES["reshape_and_cache"])
+    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
+           if r.spill_stores or r.spill_loads or r.stack_frame]
+    assert not bad, f"spills with -DKVLAB_INT4_WRITE_LEAN on {arch}: {bad}"
+    if arch == "sm_90":
+        regs = {r.name_expression: r.registers for r in reports}
+        for t in ("__nv_bfloat16", "__half"):
+            assert regs[f"reshape_and_cache<3, 128, {t}, false>"] <= 80
+
+
+def test_int4_write_lean_rcp_has_no_slow_path(monkeypatch):
+    """rcp_rn_scale is __frcp_rn's fast path only: the lean d = 128 kernel's cubin names no
+    reciprocal slow path, the default one does (the test's own control)."""
+    import io
+
+    from cupy.cuda import compiler
+
+    def cubin(opts):
+        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+        prog = compiler._NVRTCProgram(loader.read_source("reshape_and_cache"), "reshape_and_cache.cu",
+                                      name_expressions=["reshape_and_cache<3, 128, __nv_bfloat16, false>"],
+                                      method="cubin")
+        out, _ = prog.compile(loader.compile_options() + ("-arch=sm_90", "-ftz=true"), log_stream=io.StringIO())
+        return bytes(out)
+
+    assert b"rcp_rn" in cubin("")
+    assert b"rcp_rn" not in cubin("-DKVLAB_INT4_WRITE_LEAN")
