@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# A/B call on the lent GPU machine for compile-time switches (KVLAB_NVRTC_OPTIONS), writing every
+# log and result straight into $OUT so that a call cut off at its limit still returns what ran.
+# (scripts/gpu_run.sh is the full run: check, whole suite, sanitizer, every bench.)
+#
+#   WARM='|;-DKVLAB_WGMMA_WS'          option strings; every kernel family is compiled once per
+#                                      string, one process per (string, family), all in parallel
+#   TESTS='ws|-DKVLAB_WGMMA_WS|tests/gpu/test_prefill_gpu.py -k "wgmma or agree";lean|-DX|-m gpu tests/gpu/a.py'
+#                                      name|options|pytest arguments (shell words, eval'd): all run
+#                                      in parallel, each cut at T_TESTS s
+#   BENCH='pf_base||prefill --quick;pf_ws|-DKVLAB_WGMMA_WS|prefill --quick'
+#                                      name|options|bench arguments: one after another, alone on the
+#                                      GPU, each cut to T_BENCH s and to what the deadline leaves
+#   BENCH_ENV='KVLAB_BENCH_PREFILL_VARIANTS=wgmma'   extra environment for every bench
+#   DEADLINE=570                       seconds after start at which nothing new is started
+set -uo pipefail
+OUT=${OUT:-/tmp/kvlab_ab}; mkdir -p "$OUT"
+t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
+left() { echo $(( ${DEADLINE:-570} - $(el) )); }
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl \
+    >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true
+if [ -n "${WARM:-}" ]; then
+  fams=$(python3 -c "from kvlab.cuda import loader; print(' '.join(loader.all_families()))")
+  IFS=';' read -r -a wopts <<< "$WARM"
+  for o in "${wopts[@]}"; do for f in $fams; do printf '%s\t%s\n' "$o" "$f"; done; done \
+    | xargs -P "${WARM_JOBS:-16}" -d '\n' -I{} bash -c \
+      'o=$(cut -f1 <<< "{}"); f=$(cut -f2 <<< "{}"); KVLAB_NVRTC_OPTIONS="$o" timeout '"${T_WARM:-300}"' python3 scripts/warm_kernels.py "$f" 2>&1 | tail -1' \
+    > "$OUT/warm.log" 2>&1
+  echo "warm done [$(el) s]: $(grep -c '^warm .* s$' "$OUT/warm.log") compiled, slowest: $(grep -o '[0-9]* s$' "$OUT/warm.log" | sort -n | tail -1)"
+fi
+pids=()
+if [ -n "${TESTS:-}" ]; then
+  IFS=';' read -r -a tests <<< "$TESTS"
+  for t in "${tests[@]}"; do
+    IFS='|' read -r name opts args <<< "$t"
+    # shellcheck disable=SC2086
+    ( eval "KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout ${T_TESTS:-300} python3 -m pytest -q -p no:cacheprovider -rfE $args" \
+        > "$OUT/pytest_$name.log" 2>&1; echo "rc=$?" >> "$OUT/pytest_$name.log" ) &
+    pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  for t in "${tests[@]}"; do name=${t%%|*}
+    echo "pytest $name: $(grep -E '[0-9]+ (passed|failed|error)' "$OUT/pytest_$name.log" | tail -1) $(tail -1 "$OUT/pytest_$name.log")"
+    grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.log" | head -8
+  done
+  echo "tests done [$(el) s]"
+fi
+if [ -n "${BENCH:-}" ]; then
+  IFS=';' read -r -a benches <<< "$BENCH"
+  for b in "${benches[@]}"; do
+    IFS='|' read -r name opts args <<< "$b"
+    lim=$(left); [ "$lim" -gt "${T_BENCH:-200}" ] && lim=${T_BENCH:-200}
+    if [ "$lim" -lt 30 ]; then echo "bench $name: not started (deadline)"; continue; fi
+    # shellcheck disable=SC2086
+    eval "env ${BENCH_ENV:-} KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout $lim python3 -m kvlab bench $args --out \"$OUT/bench_$name\"" \
+      > "$OUT/bench_$name.log" 2>&1 || { echo "bench $name failed or timed out:"; tail -3 "$OUT/bench_$name.log"; }
+    echo "bench $name done [$(el) s]"
+  done
+fi
+echo "================ summary ================"
+for f in "$OUT"/bench_*/results.md; do
+  [ -f "$f" ] && echo "# $(basename "$(dirname "$f")")" && sed -n '/^## /,$p' "$f" \
+    | grep -E "T=4096 causal 32/8 d=128|T=65536 H=8|B=32 L=8192 32/8 d=128|B=1 L=131072 32/8 d=128" \
+    | cut -d'|' -f3-4,7-8 | head -"${SUMMARY_LINES:-24}"
+done
+exit 0
