@@ -541,48 +541,6 @@ __device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t
   }
 }
 
-// ---------------------------------------------------------------- int4 V operands in fp16 (decode)
-// -DKVLAB_DECODE_V_FP16 (experiment, int4 decode kernels only; prefill untouched): the P·V mma
-// of int4 runs in fp16, and the V operand uses two offset classes, as k_operand_fast does for K:
-// a nibble at bits 0..3 of a 16-bit half -> fp16 0x6400 | c = 1024 + c, at bits 4..7 ->
-// 0x5400 | c << 4 = 64 + c (exponent 2^6, ulp 1/16: exact). So nibbles 0, 1 of a half need no
-// shift and nibbles 2, 3 one shift by 8 (shared by the pair): 8 SHF per 16-token tile instead
-// of 24 (v_operand_fast shifts by 4, 8, 12). The offset of local dim l is vf16_off(l) (1024 for
-// even l, 64 for odd l: pv_dim keeps nibble l & 7 of a word, so the class is l & 1), folded as
-// z_l = Σ_t P'_t·(vf16_off(l) + zp_t) = z_even − 960·Σ_t P'_t. P' = P·s_v must fit fp16: the
-// decode kernels scale it by 2^-EV (a running power of two of the V scales) folded into the
-// softmax reference (paged_attention.cu, VF16 state). The expressions below are read by
-// tests/test_decode_v_fp16_emulation.py (keep them one-line integer expressions).
-// Everything of the switch sits under #ifdef so that the default build's preprocessed source is
-// that of main (NVRTC's register allocation of *other* kernels of the family moved when only
-// unused code was added: 12 of 72 paged_attention functions). KVLAB_VF16_PARAM / _ARG add the
-// state parameter to the tile maths.
-#ifdef KVLAB_DECODE_V_FP16
-#define KVLAB_VF16_PARAM , VF16State& vs
-#define KVLAB_VF16_ARG , vs
-template <int FMT> struct DecodeVF16 {
-  static constexpr bool value = (FMT == INT4);
-};
-// word of the thread's V row words and byte permutation of local dim l (two tokens' halves)
-__device__ __forceinline__ int vf16_word(int l) { return l >> 3; }
-__device__ __forceinline__ uint32_t vf16_sel(int l) { return 0x5410u + 0x2222u * ((l >> 2) & 1); }
-// right shift of the permuted pair, fp16 bias of the class, offset of the class
-__device__ __forceinline__ int vf16_shift(int l) { return 8 * ((l >> 1) & 1); }
-__device__ __forceinline__ uint32_t vf16_bias(int l) { return 0x64006400u - 0x10001000u * (l & 1); }
-__device__ __forceinline__ float vf16_off(int l) { return 1024.f - 960.f * (l & 1); }
-
-// fp16 V operand of local dim l from the words of two tokens (wa low half, wb high half);
-// mlo / mhi: the pinned masks 0x000F000F / 0x00F000F0 (v_operand_fast, k_operand_fast).
-__device__ __forceinline__ uint32_t v_operand_int4_f16(const uint32_t* wa, const uint32_t* wb, int l,
-                                                       uint32_t mlo, uint32_t mhi) {
-  const uint32_t x = prmt(wa[vf16_word(l)], wb[vf16_word(l)], vf16_sel(l)) >> vf16_shift(l);
-  return (x & ((l & 1) ? mhi : mlo)) | vf16_bias(l);
-}
-#else
-#define KVLAB_VF16_PARAM
-#define KVLAB_VF16_ARG
-#endif  // KVLAB_DECODE_V_FP16
-
 // v_operand with the int4 mask as a run-time value (see k_operand_fast); other formats as
 // v_operand.
 template <int FMT, int D>

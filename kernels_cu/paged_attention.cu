@@ -229,22 +229,6 @@ __device__ __forceinline__ void store_acc_columns(float* ow, const float (&acc)[
   }
 }
 
-#ifdef KVLAB_DECODE_V_FP16
-// store_acc_columns for the int4 fp16 V operands (DecodeVF16): rows g of m-tile j (acc[j][0..1],
-// local dim 2j, offset 1024) subtract z_even, rows g + 8 (acc[j][2..3], local dim 2j + 1,
-// offset 64) z_odd = z_even − 960·Σ P' (vf16_off).
-template <int D>
-__device__ __forceinline__ void store_acc_columns_vf16(float* ow, const float (&acc)[D / 16][4], float ze0,
-                                                       float ze1, float zo0, float zo1, int g, int c) {
-#pragma unroll
-  for (int j = 0; j < D / 16; ++j) {
-    const int dim = pv_dim<INT4, D>(g, 2 * j);
-    *reinterpret_cast<float2*>(ow + (2 * c) * D + dim) = make_float2(acc[j][0] - ze0, acc[j][2] - zo0);
-    *reinterpret_cast<float2*>(ow + (2 * c + 1) * D + dim) = make_float2(acc[j][1] - ze1, acc[j][3] - zo1);
-  }
-}
-#endif
-
 // One output column n (one warp, E elements per lane, unnormalized, V factor applied) with
 // softmax max M and sum Ls: the float32 partial of split `part` at `slot`, or the final row
 // (÷ Ls, int4 inverse rotation) for a valid column.
@@ -429,11 +413,7 @@ __device__ __forceinline__ void token_scores(const SV (&s)[4], const HeadRaw<FMT
         koff = static_cast<float>(wk & 0xFu);
         kz = static_cast<int>(wk & 0xFu);
         vsc[i] = __uint_as_float(wv & ~0xFu);
-#ifdef KVLAB_DECODE_V_FP16
-        vzp[i] = (DecodeVF16<FMT>::value && PAR_LOADED ? 1024.f : 128.f) + static_cast<float>(wv & 0xFu);
-#else
         vzp[i] = 128.f + static_cast<float>(wv & 0xFu);
-#endif
       } else {
         ksc = __uint_as_float(wk);
         vsc[i] = __uint_as_float(wv);
@@ -504,100 +484,13 @@ __device__ __forceinline__ void pack_p(const float (&e)[4], const float (&vsc)[4
   }
 }
 
-#ifdef KVLAB_DECODE_V_FP16
-// ---- int4 V operands in fp16 (-DKVLAB_DECODE_V_FP16, DecodeVF16 in attention_common.cuh)
-// P' = P·s_v must fit fp16 (max 65504, 11 significant bits from 2^-14). The kernels keep a
-// running power of two 2^EV of the V scales seen (EV ∈ [-60, 64]) and fold it into the softmax
-// reference: with VF16 the kernel's m is ms + EV (ms = running max of the scores), so
-// e = 2^(x − m) = P·2^-EV and P' = e·s_v < 2 for every token with s_v < 2^(EV+1). l, z, w and
-// the accumulators all carry the same 2^-EV, which cancels in o / l and in the merges (the
-// warps' and splits' (m, l) are a reference and a sum like any other). EV only grows; a tile
-// with a V scale ≥ vt = 2^(EV+1) joins the rescale vote of a new score maximum, so the common
-// tile pays 3 FMNMX + 1 compare. State of a thread: ms, vt, w = Σ P' over its tokens.
-// Paged kernel only (head_tile_math with PAR_LOADED): the per-head int4 kernel sits at its
-// 128-register cap (4 CTAs/SM) and spilled 8 bytes with the 3 state registers; its loop also
-// grew (+10 instructions per tile body: rematerialized addresses), so it keeps the bf16 path.
-struct VF16State { float ms, vt, w; };
-
-template <int N, int D>
-__device__ __forceinline__ void online_softmax_vf16(const float (&x)[N], const float (&vsc)[N], float& m,
-                                                    VF16State& vs, float& l, float& z,
-                                                    float (&acc)[D / 16][4], int c, float (&e)[N]) {
-  static_assert(N == 4 || N == 8, "one or two tiles");
-  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-  float vm = fmaxf(fmaxf(vsc[0], vsc[1]), fmaxf(vsc[2], vsc[3]));
-  if constexpr (N == 8) {
-    mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
-    vm = fmaxf(vm, fmaxf(fmaxf(vsc[4], vsc[5]), fmaxf(vsc[6], vsc[7])));
-  }
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  if (__any_sync(0xffffffffu, mx > vs.ms || vm >= vs.vt)) {
-    // the quad holds all tokens of the tile: its largest V scale (the same in every quad)
-    vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, 1));
-    vm = fmaxf(vm, __shfl_xor_sync(0xffffffffu, vm, 2));
-    const float ms = fmaxf(vs.ms, mx);
-    // 2^EV: the power of two at or below the largest V scale, never lower than before
-    float p2 = __uint_as_float(__float_as_uint(vm) & 0x7F800000u);
-    p2 = fminf(fmaxf(fmaxf(p2, 0.5f * vs.vt), 8.673617379884035e-19f), 1.8446744073709552e19f);   // 2^-60, 2^64
-    const float ev = static_cast<float>(static_cast<int>(__float_as_uint(p2) >> 23) - 127);
-    const float mn = ms + ev;
-    const float al = ex2_approx(m - mn);
-    vs.ms = ms;
-    vs.vt = 2.f * p2;
-    m = mn;
-    l *= al;
-    z *= al;
-    vs.w *= al;
-    const float a0 = __shfl_sync(0xffffffffu, al, 8 * c);
-    const float a1 = __shfl_sync(0xffffffffu, al, 8 * c + 4);
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < N; ++i) e[i] = ex2_approx(x[i] - m);
-#pragma unroll
-  for (int i = 0; i < N; i += 4) l += (e[i] + e[i + 1]) + (e[i + 2] + e[i + 3]);
-}
-
-// pack_p for VF16: P' in fp16, z += Σ P'·(1024 + zp) and w += Σ P' from the rounded P'.
-__device__ __forceinline__ void pack_p_vf16(const float (&e)[4], const float (&vsc)[4], const float (&vzp)[4],
-                                            float& z, float& w, uint32_t& pb0, uint32_t& pb1) {
-  pb0 = pack_f2<__half>(e[0] * vsc[0], e[1] * vsc[1]);
-  pb1 = pack_f2<__half>(e[2] * vsc[2], e[3] * vsc[3]);
-  const float2 f0 = __half22float2(*reinterpret_cast<const __half2*>(&pb0));
-  const float2 f1 = __half22float2(*reinterpret_cast<const __half2*>(&pb1));
-  z = fmaf(f0.x, vzp[0], z);
-  z = fmaf(f0.y, vzp[1], z);
-  z = fmaf(f1.x, vzp[2], z);
-  z = fmaf(f1.y, vzp[3], z);
-  w += (f0.x + f0.y) + (f1.x + f1.y);
-}
-
-// pv_mma for VF16 (int4): fp16 operands of v_operand_int4_f16.
-template <int FMT, int D>
-__device__ __forceinline__ void pv_mma_vf16(const TileRaw<FMT, D>& r, float (&acc)[D / 16][4], uint32_t pb0,
-                                            uint32_t pb1, uint32_t mlo, uint32_t mhi) {
-#pragma unroll
-  for (int j = 0; j < D / 16; ++j) {
-    const uint32_t a0 = v_operand_int4_f16(r.v0, r.v1, 2 * j, mlo, mhi);
-    const uint32_t a1 = v_operand_int4_f16(r.v0, r.v1, 2 * j + 1, mlo, mhi);
-    const uint32_t a2 = v_operand_int4_f16(r.v2, r.v3, 2 * j, mlo, mhi);
-    const uint32_t a3 = v_operand_int4_f16(r.v2, r.v3, 2 * j + 1, mlo, mhi);
-    Mma<__half>::run(acc[j], a0, a1, a2, a3, pb0, pb1);
-  }
-}
-#endif  // KVLAB_DECODE_V_FP16
-
 // One tile: S, scores, softmax update, O^T += V^T·P^T (paged_attention_decode, and the paged
 // kernel's odd last tile).
 template <int FMT, int D, typename T, bool MASKED, bool PAR_LOADED = false>
 __device__ __forceinline__ void head_tile_math(
     const HeadRaw<FMT, D>& r, int p0, float (&acc)[D / 16][4], float& m, float& l, float& z,
     const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc, int qpos,
-    int L, int window, uint32_t mlo, uint32_t mhi, int lane KVLAB_VF16_PARAM) {
+    int L, int window, uint32_t mlo, uint32_t mhi, int lane) {
   constexpr int NGK = TileRaw<FMT, D>::NGK;
   constexpr int NGV = TileRaw<FMT, D>::NGV;
   const int c = lane & 3;
@@ -614,15 +507,6 @@ __device__ __forceinline__ void head_tile_math(
     qk_scores<FMT, D, T>(r, qa, sfk_g, sfk_g8, mlo, mhi, s);
     token_scores<FMT, D, MASKED, PAR_LOADED>(s, r, p0, qsum, qoff, cs, kc, qpos, L, window, c, x, vsc, vzp);
   }
-#ifdef KVLAB_DECODE_V_FP16
-  if constexpr (DecodeVF16<FMT>::value && PAR_LOADED) {   // paged kernel only (see VF16State)
-    uint32_t pb0, pb1;
-    online_softmax_vf16<4, D>(x, vsc, m, vs, l, z, acc, c, e);
-    pack_p_vf16(e, vsc, vzp, z, vs.w, pb0, pb1);
-    pv_mma_vf16<FMT, D>(r, acc, pb0, pb1, mlo, mhi);
-    return;
-  }
-#endif
   online_softmax<4, D>(x, m, l, z, acc, c, e);
   uint32_t pb0, pb1;
   pack_p<FMT, D, T>(e, vsc, vzp, z, pb0, pb1);
@@ -637,7 +521,7 @@ template <int FMT, int D, typename T, bool MASKED, bool PAR_LOADED = false>
 __device__ __forceinline__ void head_tile_pair(
     const HeadRaw<FMT, D>& ra, const HeadRaw<FMT, D>& rb, int p0, float (&acc)[D / 16][4], float& m,
     float& l, float& z, const uint32_t (&qa)[D / 16][2], float qsum, float qoff, float cs, float kc,
-    int qpos, int L, int window, uint32_t mlo, uint32_t mhi, int lane KVLAB_VF16_PARAM) {
+    int qpos, int L, int window, uint32_t mlo, uint32_t mhi, int lane) {
   constexpr int NGK = TileRaw<FMT, D>::NGK;
   constexpr int NGV = TileRaw<FMT, D>::NGV;
   const int c = lane & 3;
@@ -664,19 +548,6 @@ __device__ __forceinline__ void head_tile_pair(
   }
 #pragma unroll
   for (int i = 0; i < 4; ++i) { x[i] = xa[i]; x[4 + i] = xb[i]; }
-#ifdef KVLAB_DECODE_V_FP16
-  if constexpr (DecodeVF16<FMT>::value && PAR_LOADED) {
-    const float vsc[8] = {vsc_a[0], vsc_a[1], vsc_a[2], vsc_a[3], vsc_b[0], vsc_b[1], vsc_b[2], vsc_b[3]};
-    online_softmax_vf16<8, D>(x, vsc, m, vs, l, z, acc, c, e);
-    uint32_t pa0, pa1, pb0, pb1;
-    const float ea[4] = {e[0], e[1], e[2], e[3]}, eb[4] = {e[4], e[5], e[6], e[7]};
-    pack_p_vf16(ea, vsc_a, vzp_a, z, vs.w, pa0, pa1);
-    pack_p_vf16(eb, vsc_b, vzp_b, z, vs.w, pb0, pb1);
-    pv_mma_vf16<FMT, D>(ra, acc, pa0, pa1, mlo, mhi);
-    pv_mma_vf16<FMT, D>(rb, acc, pb0, pb1, mlo, mhi);
-    return;
-  }
-#endif
   online_softmax<8, D>(x, m, l, z, acc, c, e);
   uint32_t pa0, pa1, pb0, pb1;
   const float ea[4] = {e[0], e[1], e[2], e[3]}, eb[4] = {e[4], e[5], e[6], e[7]};
@@ -777,9 +648,6 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
   for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   float m = NEG_BIG, l = 0.f, z = 0.f;
-#ifdef KVLAB_DECODE_V_FP16
-  VF16State vs{NEG_BIG, 0.f, 0.f};   // DecodeVF16 state: passed along, used by the paged kernel only
-#endif
 
   // ---- this thread's load offsets within a tile (bytes from the tile's row 0 of the K side)
   const int side = BS * H * TR::ROW;                 // one (block, side) slab
@@ -848,7 +716,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   auto tile_math = [&](const Raw& r, int t, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
     head_tile_math<FMT, D, T, MK>(r, lo16 + 16 * t, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos,
-                                  L, window, mlo, mhi, lane KVLAB_VF16_ARG);
+                                  L, window, mlo, mhi, lane);
   };
 
   // ---- full tiles [tf0, tf1), warp w takes tf0 + w, tf0 + w + NW, ... Software pipeline:
@@ -1156,9 +1024,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
   for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   float m = NEG_BIG, l = 0.f, z = 0.f;
-#ifdef KVLAB_DECODE_V_FP16
-  VF16State vs{NEG_BIG, 0.f, 0.f};   // int4 fp16 V operands only (DecodeVF16)
-#endif
 
   const size_t side_stride = static_cast<size_t>(BS) * H * ROW;          // one (block, side) slab
   const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
@@ -1296,12 +1161,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         fill(ra, sbuf, 0, p0, MaskTag<false>{});
         fill(rb, sbuf, 1, p0 + 16, MaskTag<false>{});
         head_tile_pair<FMT, D, T, false, true>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
-                                         mlo, mhi, lane KVLAB_VF16_ARG);
+                                         mlo, mhi, lane);
       } else {
         fill(ra, sbuf, 0, p0, MaskTag<true>{});
         fill(rb, sbuf, 1, p0 + 16, MaskTag<true>{});
         head_tile_pair<FMT, D, T, true, true>(ra, rb, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
-                                        mlo, mhi, lane KVLAB_VF16_ARG);
+                                        mlo, mhi, lane);
       }
     } else
 #endif
@@ -1314,11 +1179,11 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         if (ch >= tf0 && ch < tf1) {
           fill(r, sbuf, j, p0, MaskTag<false>{});
           head_tile_math<FMT, D, T, false, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
-                                           mlo, mhi, lane KVLAB_VF16_ARG);
+                                           mlo, mhi, lane);
         } else {
           fill(r, sbuf, j, p0, MaskTag<true>{});
           head_tile_math<FMT, D, T, true, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
-                                          mlo, mhi, lane KVLAB_VF16_ARG);
+                                          mlo, mhi, lane);
         }
       }
     }
@@ -1337,16 +1202,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   z += __shfl_xor_sync(0xffffffffu, z, 2);
   __syncthreads();  // every warp is done with the stages (and, for nst == 0, its q staging)
   float* ow = reinterpret_cast<float*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
-#ifdef KVLAB_DECODE_V_FP16
-  if constexpr (DecodeVF16<FMT>::value) {
-    vs.w += __shfl_xor_sync(0xffffffffu, vs.w, 1);
-    vs.w += __shfl_xor_sync(0xffffffffu, vs.w, 2);
-    const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
-    const float w0 = __shfl_sync(0xffffffffu, vs.w, 8 * c), w1 = __shfl_sync(0xffffffffu, vs.w, 8 * c + 4);
-    store_acc_columns_vf16<D>(ow, acc, z0, z1, z0 - 960.f * w0, z1 - 960.f * w1, g, c);
-    if (c == 0) { mo_sm[warp][g] = m; lo_sm[warp][g] = l; }
-  } else
-#endif
   {
     const float z0 = __shfl_sync(0xffffffffu, z, 8 * c), z1 = __shfl_sync(0xffffffffu, z, 8 * c + 4);
     store_acc_columns<FMT, D>(ow, acc, z0, z1, g, c);

@@ -209,21 +209,6 @@ def test_wgmma_prefill_ws_sass(monkeypatch):
         assert "BAR.ARV" in f  # ping-pong handshakes
 
 
-@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_V_FP16", "-DKVLAB_DECODE_V_FP16 -DKVLAB_PAGED_PAIR"])
-def test_decode_v_fp16_switch_compiles_without_spills(monkeypatch, opts):
-    """The int4 fp16-V decode experiment (attention_common.cuh, DecodeVF16) builds every
-    paged_attention instantiation (decode, paged decode, merge) for sm_90 with no spills and no
-    stack frame, alone and with the two-tile softmax."""
-    from kvlab.cuda import attention  # noqa: F401  (registers the families)
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    reports = loader.compile_family_offline("paged_attention", "sm_90")
-    assert {r.name_expression for r in reports} == {s.name_expression() for s in loader.FAMILIES["paged_attention"]}
-    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
-           if r.spill_stores or r.spill_loads or r.stack_frame]
-    assert not bad, f"{opts}: spills {bad}"
-
-
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_int4_write_lean_compiles_without_spills(arch, monkeypatch):
     """-DKVLAB_INT4_WRITE_LEAN (the session-7 MMA8 tail, docs/notes-int4-write-mma.md): every
