@@ -1,23 +1,43 @@
 // kvlab — paged attention, prefill kernel on Hopper warpgroup MMA (wgmma, sm_90a only; SPEC 2.4).
 // Python op: kvlab/cuda/attention.py (family "paged_prefill_wgmma", prefill_variant="wgmma").
-// Reference: kvlab/reference/attention.py (float64). Design and prediction:
-// docs/notes-prefill-wgmma.md. Same algorithm, numerics, work list and arguments as the
-// mma.sync kernel paged_attention_prefill (paged_prefill.cu), whose tile decode, query
-// prologue, online softmax and epilogue it shares (prefill_common.cuh); PTX wrappers in
-// wgmma.cuh.
+// Reference: kvlab/reference/attention.py (float64). Design, budgets, predictions and
+// measurements: docs/notes-prefill-wgmma.md. Same algorithm, numerics, work list and arguments as
+// the mma.sync kernel paged_attention_prefill (paged_prefill.cu), whose tile decode, query
+// prologue, online softmax and epilogue it shares (prefill_common.cuh); PTX wrappers in wgmma.cuh.
+//
+// Warp-specialised (since session 7; the session-6 kernel, two warpgroups that decoded and
+// multiplied in lock-step, measured 19 % slower and is in git history). CTA = 3 warpgroups (384
+// threads), one work item = 128 query rows of one sequence and one KV head:
+//   * warpgroup 0 = producer (setmaxnreg.dec): 2 threads per token (half rows, PfTileLoader with
+//     PARTS = 2) load the raw cache bytes of tile i and decode them into stage i % NS of a ring of
+//     WS_NS shared-memory stages (K tile, V tile, per-token scales); auto: cp.async copies. Then
+//     fence.proxy.async (the st.shared / cp.async writes are generic-proxy writes that wgmma reads
+//     through the async proxy) and an arrive on full[s] (count 128, release).
+//   * warpgroups 1, 2 = consumers (setmaxnreg.inc), 64 query rows each (consumer warp cw = warp - 4
+//     holds rows 16cw .. 16cw + 15): wait full[s]; S = Q·K^T and O += P'·V wgmma; softmax in
+//     registers; lane 0 of each consumer warp arrives on empty[s] (count 8) once the P'·V group
+//     that read stage s has completed (wgmma.wait_group 0).
+//   * ping-pong (unless -DKVLAB_WGMMA_WS_NO_PINGPONG): the consumers' wgmma issue blocks alternate
+//     through two named barriers (ids 2, 3; 256 threads = the waiting warpgroup's bar.sync + the
+//     other's bar.arrive), so one consumer's softmax runs while the other's GEMMs do. A block k
+//     (k = 0 .. ntiles) issues P'·V of tile k-1 and S of tile k back to back; every consumer runs
+//     all ntiles + 1 blocks (skipped tiles issue nothing but keep the handshake), so both named
+//     barriers see the same number of bar.sync and bar.arrive.
+// Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads them for the
+// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG.
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
 #include "prefill_common.cuh"
 #include "wgmma.cuh"
+#include "bulk_copy.cuh"
 
 using namespace kvlab;
 using namespace kvlab::attn;
 using namespace kvlab::pf;
 
 namespace {
-constexpr int WG_NW = 8;        // warps per CTA: 2 warpgroups (attention.py: PF_WARPS)
-constexpr int WG_ROWS = 128;    // query rows per CTA, 64 per warpgroup (attention.py: PF_ROWS)
+constexpr int WG_ROWS = 128;    // query rows per CTA, 64 per consumer warpgroup (attention.py: PF_ROWS)
 constexpr int WG_KT = 64;       // KV tokens per tile
 }  // namespace
 
@@ -29,19 +49,6 @@ template <int D>
 struct PfCore {
   static constexpr int UNIT = 64;  // halves between consecutive 8-dim units of a row (128 bytes)
   static __device__ __forceinline__ int idx(int row, int dim) { return wg::core_off<D>(row, dim) / 2; }
-};
-
-template <int D>
-struct WgSmem {
-  static constexpr int TILE = WG_KT * D * 2;              // bytes per K or V tile
-  static constexpr int PAR = 2 * WG_KT;                   // floats: ksc[64], vsc[64]
-  static constexpr int BUF_BYTES = 2 * TILE + PAR * 4;    // K tile, V tile, parameters
-  static constexpr int Q_OFF = 2 * BUF_BYTES;             // query rows (A operand of Q·K^T)
-  static constexpr int BYTES = Q_OFF + WG_ROWS * D * 2;   // dynamic shared memory of a launch
-  static constexpr int ORS = D + 4;                       // floats per output row (epilogue)
-  static_assert(BYTES == 768 * D + 1024, "kvlab/cuda/attention.py launches with 768*d + 1024 bytes");
-  static_assert(WG_ROWS * ORS * 4 <= BYTES, "output rows fit the dynamic shared memory");
-  static_assert(TILE % 1024 == 0 && BUF_BYTES % 16 == 0, "descriptor bases 16-byte aligned");
 };
 
 // Descriptor fields (bytes) of the three operands; tests/test_prefill_wgmma_layout.py checks
@@ -58,32 +65,68 @@ struct WgDesc {
   static constexpr uint32_t V_KSTEP = 2 * 16 * D;            // bytes per k16 step of V (16 tokens)
 };
 
-#if defined(KVLAB_WGMMA_WS)
-// warp-specialised body (producer warpgroup + 2 consumer warpgroups, mbarrier ring, ping-pong)
-#include "paged_prefill_wgmma_ws.cuh"
-#else
-// ====================================================================================
-// paged_attention_prefill_wgmma<FMT, D, T>: one CTA = (128 query rows of one sequence, KV
-// head), two warpgroups of 64 rows (warp w: rows 16w .. 16w + 15, as in the mma.sync
-// kernel). Rows are (query token, query head) pairs, token-major.
-//
-// Per 64-token tile (double-buffered in shared memory, one __syncthreads per tile):
-//   1. each warpgroup whose rows reach the tile: S = Q·K^T with D/16 wgmma m64n64k16 (A = Q,
-//      B = K, both from shared memory), commit, wait;
-//   2. per-token K scale, mask (diagonal / window-edge tiles only), online softmax in
-//      registers (prefill_common.cuh, the mma.sync kernel's code);
-//   3. O += P'·V with 4 wgmma m64nDk16 (A = P' from registers, B = V tile MN-major), commit;
-//   4. while they run, every thread decodes its share of the next tile into the other
-//      buffer (quantized formats; auto: cp.async of tile i+1 was issued before step 1);
-//   5. fence.proxy.async (the decode's st.shared / cp.async writes -> the async proxy that
-//      wgmma reads through), wait for the P·V group, barrier; then load the raw bytes of tile
-//      i+2 (their block ids were loaded a tile earlier).
-// Skip (no rows reach the tile) and mask-free decisions are per warpgroup (a wgmma is issued
-// by all 128 threads of a warpgroup). Output rows go through shared memory (epilogue shared
-// with the mma.sync kernel).
-// ====================================================================================
+#ifndef KVLAB_WGMMA_WS_STAGES
+#define KVLAB_WGMMA_WS_STAGES 4
+#endif
+
+namespace {
+constexpr int WS_NS = KVLAB_WGMMA_WS_STAGES;   // ring stages (attention.py: prefill_geometry)
+constexpr int WS_THREADS = 384;                 // 1 producer + 2 consumer warpgroups
+constexpr int WS_CW = 8;                        // consumer warps
+static_assert(WS_NS >= 2 && WS_NS <= 4, "KVLAB_WGMMA_WS_STAGES: 2 .. 4 stages");
+
+// Registers per thread after setmaxnreg (multiples of 8 in 24 .. 256). setmaxnreg moves registers
+// inside the CTA's pool, which is what the launch allotted: 384 threads x WS_LAUNCH_REGS
+// (__launch_bounds__(384, 1) caps ptxas at 65,536 / 384 -> 168; tests/test_kernels_compile.py
+// checks that every instantiation reports exactly 168). A consumer asking for more than the
+// producer released would block in setmaxnreg.inc forever: 128·P + 256·C <= 384·168.
+// The producer holds one tile's raw half rows (int8/fp8 at d = 128: 32 words, otherwise <= 16):
+// ptxas fits its code into P (SASS: R0 .. R63 for int8 at d = 128, R0 .. R52 for nvfp4).
+constexpr int WS_LAUNCH_REGS = 168;
+template <int FMT, int D>
+constexpr int ws_producer_regs() {
+  return (D == 128 && (FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8)) ? 72 : 56;
+}
+template <int FMT, int D>
+constexpr int ws_consumer_regs() {
+  return ((3 * WS_LAUNCH_REGS - ws_producer_regs<FMT, D>()) / 2) & ~7;
+}
+
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+constexpr int WS_BAR_Q = 1;      // consumers: query rows staged (256 threads)
+constexpr int WS_BAR_TURN = 2;   // + consumer warpgroup (0, 1): its turn to issue wgmma (256)
+}  // namespace
+
+// Dynamic shared memory: WS_NS stages of (K tile, V tile, 2·64 floats of per-token scales), then
+// the 128 query rows. attention.py: prefill_smem_bytes = NS·(256·d + 512) + 256·d.
+template <int D>
+struct WsSmem {
+  static constexpr int TILE = WG_KT * D * 2;
+  static constexpr int STAGE = 2 * TILE + 2 * WG_KT * 4;
+  static constexpr int Q_OFF = WS_NS * STAGE;
+  static constexpr int BYTES = Q_OFF + WG_ROWS * D * 2;
+  static constexpr int ORS = D + 4;
+  static_assert(BYTES == WS_NS * (256 * D + 512) + 256 * D, "attention.py: prefill_smem_bytes");
+  static_assert(WG_ROWS * ORS * 4 <= BYTES, "output rows fit the dynamic shared memory");
+  static_assert(BYTES <= 227 * 1024, "fits an sm_90 CTA");
+  static_assert(TILE % 1024 == 0 && STAGE % 16 == 0, "descriptor bases 16-byte aligned");
+};
+
 template <int FMT, int D, typename T>
-__global__ void __launch_bounds__(WG_NW * 32, 1)
+__global__ void __launch_bounds__(WS_THREADS, 1)
 paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                               const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                               int bt_stride, const int* __restrict__ seq_lens,
@@ -93,22 +136,27 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   using TR = Traits<FMT, D, T>;
   using CTQ = typename TR::CT_QK;
   using CTV = typename TR::CT_PV;
-  using SM = WgSmem<D>;
+  using SM = WsSmem<D>;
   using DS = WgDesc<D>;
   static_assert(D == 64 || D == 128, "prefill kernel: head sizes 64, 128 (256 uses the decode kernel)");
   constexpr int KC = D / 16;         // k16 steps of Q·K^T
   constexpr int NT = WG_KT / 8;      // 8-token n-tiles of S
   constexpr int ON = D / 8;          // 8-dim n-tiles of O
   constexpr int PC = WG_KT / 16;     // k16 steps of P·V
-  constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);  // per-token scales
-  static_assert(WG_KT * 4 == WG_NW * 32, "decode roles: token tid % 64, row quarter tid / 64");
-  using Loader = PfTileLoader<FMT, D, T, WG_KT, PfCore<D>>;
+  constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);
+  static_assert(WG_KT * 2 == 128, "producer roles: token tid % 64, half row tid / 64");
+  static_assert(128 * ws_producer_regs<FMT, D>() + 256 * ws_consumer_regs<FMT, D>() <= WS_THREADS * WS_LAUNCH_REGS,
+                "setmaxnreg: the consumers get no more than the producer released");
+  static_assert(ws_producer_regs<FMT, D>() % 8 == 0 && ws_consumer_regs<FMT, D>() % 8 == 0 &&
+                ws_producer_regs<FMT, D>() >= 24 && ws_consumer_regs<FMT, D>() <= 256, "setmaxnreg operands");
+  using Loader = PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, 2>;
 
   extern __shared__ __align__(128) uint8_t pf_smem[];
   __shared__ float cs_sm[WG_ROWS];
+  __shared__ __align__(8) uint64_t full_bar[WS_NS];
+  __shared__ __align__(8) uint64_t empty_bar[WS_NS];
 
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wgi = warp >> 2;
-  const int g = lane >> 2, c = lane & 3;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int seq = items[2 * blockIdx.x], tok0 = items[2 * blockIdx.x + 1];
   const int kvh = blockIdx.y;
   const int G = num_q_heads / num_kv_heads;
@@ -116,147 +164,212 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   const int qs = query_start_loc[seq];
   const int Lq = query_start_loc[seq + 1] - qs;
   const int L = seq_lens[seq];
-  const int BS = 1 << bs_log2;
   const int nrow = min(tpc, Lq - tok0) * G;   // rows r < nrow are valid
   const int pbase = L - Lq + tok0;            // KV position of row 0's token
-
-  pf_stage_queries<FMT, D, T, WG_ROWS, WG_NW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF), cs_sm, q, warp, lane, nrow, tok0,
-                                                        G, qs, num_q_heads, kvh, scale_log2, k_scale);
-  wg::fence_proxy_async();  // Q rows: generic-proxy stores read by wgmma
-  __syncthreads();
-  const int r0 = warp * 16 + g, r1 = r0 + 8;
-  const float cs0 = cs_sm[r0], cs1 = cs_sm[r1];
-  const int qp0 = r0 < nrow ? pbase + r0 / G : -1;
-  const int qp1 = r1 < nrow ? pbase + r1 / G : -1;
-  // the warpgroup's rows (skip / mask-free decisions)
-  const int gr = wgi * 64;
-  const bool ghas = gr < nrow;
-  const int gmin = pbase + gr / G;
-  const int gmax = pbase + min(gr + 63, nrow - 1) / G;
-
   const int hi = pbase + (nrow - 1) / G + 1;
   int lo = 0;
   if (window > 0) lo = max(0, pbase - window + 1);
   lo &= ~(WG_KT - 1);
   const int ntiles = hi > lo ? (hi - lo + WG_KT - 1) / WG_KT : 0;
 
-  Loader ld;
-  ld.cache = cache;
-  ld.bt = block_table + static_cast<size_t>(seq) * bt_stride;
-  // a block = 2 slabs (K, V) of BS * H_kv rows: < 2^31 bytes for every supported shape
-  ld.side_stride = static_cast<unsigned>(BS * num_kv_heads * TR::ROW);
-  ld.slab2 = 2u * ld.side_stride;
-  ld.data_part = static_cast<unsigned>(BS * num_kv_heads * (D / 2));  // nvfp4: scales follow
-  ld.L = L; ld.bs_log2 = bs_log2; ld.BS = BS; ld.num_kv_heads = num_kv_heads; ld.kvh = kvh;
-  ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6; ld.swizzle_v = swizzle_v;
-
-  auto tile_k = [&](int b) { return pf_smem + b * SM::BUF_BYTES; };
-  auto tile_v = [&](int b) { return pf_smem + b * SM::BUF_BYTES + SM::TILE; };
-  auto tile_par = [&](int b) { return reinterpret_cast<float*>(pf_smem + b * SM::BUF_BYTES + 2 * SM::TILE); };
-
-  // descriptors of buffer 0 / the warpgroup's Q rows (buffer b adds b·BUF_BYTES to the start
-  // address field: (b·BUF_BYTES) >> 4, no carry out of the 14-bit field below 256 KB)
-  const uint32_t smem0 = smem_addr(pf_smem);
-  const uint64_t qdesc = wg::desc_noswizzle(smem0 + SM::Q_OFF + wgi * 8 * (16 * D), DS::QK_LBO, DS::QK_SBO);
-  const uint64_t kdesc0 = wg::desc_noswizzle(smem0, DS::QK_LBO, DS::QK_SBO);
-  const uint64_t vdesc0 = wg::desc_noswizzle(smem0 + SM::TILE, DS::V_LBO, DS::V_SBO);
-
-  float acc[ON][4];
+  // a launch with another block size would hang in the barriers: fail loudly instead
+  if (blockDim.x != WS_THREADS) __trap();
+  if (tid == 0) {
 #pragma unroll
-  for (int j = 0; j < ON; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f;
+    for (int s = 0; s < WS_NS; ++s) {
+      mbar_init(&full_bar[s], 128);       // every producer thread, after its stores + proxy fence
+      mbar_init(&empty_bar[s], WS_CW);    // lane 0 of every consumer warp, after its P·V completed
+    }
+    mbar_init_fence();
+  }
+  __syncthreads();
 
-  // Tile p0 from buffer b; quantized formats also decode the raw registers into buffer nb
-  // while the P·V wgmma group runs.
-  auto compute = [&](int b, int p0, int nb) {
-    const bool act = ghas && gmax >= p0 && !(window > 0 && p0 + WG_KT - 1 <= gmin - window);
-    if (act) {
-      const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
-      const uint64_t bofs = static_cast<uint64_t>((b * SM::BUF_BYTES) >> 4);
-      const float* par = tile_par(b);
-      float s[NT][4];
-      wg::fence();
+  auto stage_k = [&](int s) { return pf_smem + s * SM::STAGE; };
+  auto stage_v = [&](int s) { return pf_smem + s * SM::STAGE + SM::TILE; };
+  auto stage_par = [&](int s) { return reinterpret_cast<float*>(pf_smem + s * SM::STAGE + 2 * SM::TILE); };
+
+  if (warp < 4) {
+    // ------------------------------------------------------------------ producer warpgroup
+    setmaxnreg_dec<ws_producer_regs<FMT, D>()>();
+    const int BS = 1 << bs_log2;
+    Loader ld;
+    ld.cache = cache;
+    ld.bt = block_table + static_cast<size_t>(seq) * bt_stride;
+    ld.side_stride = static_cast<unsigned>(BS * num_kv_heads * TR::ROW);
+    ld.slab2 = 2u * ld.side_stride;
+    ld.data_part = static_cast<unsigned>(BS * num_kv_heads * (D / 2));  // nvfp4: scales follow
+    ld.L = L; ld.bs_log2 = bs_log2; ld.BS = BS; ld.num_kv_heads = num_kv_heads; ld.kvh = kvh;
+    ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6; ld.swizzle_v = swizzle_v;
+    if constexpr (FMT == AUTO) {
+      // 3+ stages: the copies of tile it are issued before tile it-1 is released (two tiles in
+      // flight). With 2 stages that would deadlock: a consumer releases tile it-2 only after it
+      // got tile it-1 (its P·V of tile k-1 waits for the full barrier of tile k), so the copies
+      // are waited for at once.
+#pragma unroll 1
+      for (int it = 0; it < ntiles; ++it) {
+        const int s = it % WS_NS;
+        mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
+        ld.copy(lo + it * WG_KT, smem_addr(stage_k(s)), smem_addr(stage_v(s)));
+        if constexpr (WS_NS >= 3) {
+          if (it > 0) {
+            cp_async_wait<1>();
+            wg::fence_proxy_async();
+            mbar_arrive(&full_bar[(it - 1) % WS_NS]);
+          }
+        } else {
+          cp_async_wait<0>();
+          wg::fence_proxy_async();
+          mbar_arrive(&full_bar[s]);
+        }
+      }
+      if (WS_NS >= 3 && ntiles > 0) {
+        cp_async_wait<0>();
+        wg::fence_proxy_async();
+        mbar_arrive(&full_bar[(ntiles - 1) % WS_NS]);
+      }
+    } else {
+      // raw bytes of tile it+1 are loaded right after tile it is released (their block ids a tile
+      // earlier), so they land while the producer waits for the next free stage
+      int blk = 0;
+      if (ntiles > 0) {
+        ld.load_raw(lo);
+        if (ntiles > 1) blk = ld.block_of(lo + WG_KT);
+      }
+#pragma unroll 1
+      for (int it = 0; it < ntiles; ++it) {
+        const int s = it % WS_NS;
+        const int p0 = lo + it * WG_KT;
+        mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
+        ld.store_tile(stage_k(s), stage_v(s), stage_par(s));
+        wg::fence_proxy_async();
+        mbar_arrive(&full_bar[s]);
+        if (it + 1 < ntiles) {
+          ld.load_raw(p0 + WG_KT, blk);
+          if (it + 2 < ntiles) blk = ld.block_of(p0 + 2 * WG_KT);
+        }
+      }
+    }
+    __syncthreads();  // the two barriers of the consumers' epilogue (pf_epilogue)
+    __syncthreads();
+  } else {
+    // ------------------------------------------------------------------ consumer warpgroups
+    setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
+    const int cw = warp - 4, cwg = cw >> 2;
+    const int g = lane >> 2, c = lane & 3;
+    pf_stage_queries<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF), cs_sm,
+                                                          q, cw, lane, nrow, tok0, G, qs, num_q_heads, kvh,
+                                                          scale_log2, k_scale);
+    wg::fence_proxy_async();  // Q rows: generic-proxy stores read by wgmma
+    named_bar_sync(WS_BAR_Q, 256);
+    const int r0 = cw * 16 + g, r1 = r0 + 8;
+    const float cs0 = cs_sm[r0], cs1 = cs_sm[r1];
+    const int qp0 = r0 < nrow ? pbase + r0 / G : -1;
+    const int qp1 = r1 < nrow ? pbase + r1 / G : -1;
+    const int gr = cwg * 64;
+    const bool ghas = gr < nrow;
+    const int gmin = pbase + gr / G;
+    const int gmax = pbase + min(gr + 63, nrow - 1) / G;
+
+    const uint32_t smem0 = smem_addr(pf_smem);
+    const uint64_t qdesc = wg::desc_noswizzle(smem0 + SM::Q_OFF + cwg * 8 * (16 * D), DS::QK_LBO, DS::QK_SBO);
+    const uint64_t kdesc0 = wg::desc_noswizzle(smem0, DS::QK_LBO, DS::QK_SBO);
+    const uint64_t vdesc0 = wg::desc_noswizzle(smem0 + SM::TILE, DS::V_LBO, DS::V_SBO);
+
+    float acc[ON][4];
+#pragma unroll
+    for (int j = 0; j < ON; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+    float m0 = NEG_BIG, m1 = NEG_BIG, l0 = 0.f, l1 = 0.f;
+    float s[NT][4];
+    uint32_t pa[PC][4];
+#pragma unroll
+    for (int kc = 0; kc < PC; ++kc) pa[kc][0] = pa[kc][1] = pa[kc][2] = pa[kc][3] = 0u;
+
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+    const int my_turn = WS_BAR_TURN + cwg, other_turn = WS_BAR_TURN + (cwg ^ 1);
+    if (cwg == 1) named_bar_arrive(WS_BAR_TURN, 256);  // consumer 0 issues first
+#endif
+    auto issue_s = [&](uint64_t bofs) {
 #pragma unroll
       for (int k = 0; k < KC; ++k)
         wg::MmaSS<WG_KT, CTQ>::run(s, qdesc + k * (DS::QK_KSTEP >> 4), kdesc0 + bofs + k * (DS::QK_KSTEP >> 4),
                                    k > 0 ? 1 : 0);
-      wg::commit();
-      wg::wait<0>();
-      wg::reg_fence(s);
-      float nm0, nm1;
-      pf_softmax_update<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
-      uint32_t pa[PC][4];
-#pragma unroll
-      for (int kc = 0; kc < PC; ++kc)
-        pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
-      wg::reg_fence(acc);
-      wg::fence();
+    };
+    auto issue_pv = [&](uint64_t bofs) {
 #pragma unroll
       for (int kc = 0; kc < PC; ++kc)
         wg::MmaRS<D, CTV>::run(acc, pa[kc], vdesc0 + bofs + kc * (DS::V_KSTEP >> 4), 1);
-      wg::commit();
-      // the next tile's decode runs while the P·V group is in flight (issue and wait in one
-      // branch: ptxas serializes wgmma across a wait in a different divergent region, C7518)
-      if constexpr (FMT != AUTO) {
-        ld.store_tile(tile_k(nb), tile_v(nb), tile_par(nb));
-        wg::fence_proxy_async();
-      }
-      wg::wait<0>();
-      wg::reg_fence(acc);
-    } else {
-      if constexpr (FMT != AUTO) {
-        ld.store_tile(tile_k(nb), tile_v(nb), tile_par(nb));
-        wg::fence_proxy_async();
-      }
-    }
-  };
+    };
 
-  // Quantized formats: block ids are loaded one tile before the row loads that need them (blk:
-  // the next tile to load); fence.proxy.async (MEMBAR.ALL.CTA + FENCE.VIEW.ASYNC.S: it waits for
-  // the thread's outstanding memory operations) sits right after the thread's shared-memory
-  // writes of a tile, and the next raw loads are issued after the barrier. (auto: the block id
-  // a tile ahead measured 8 % slower on the H200, run 2 of docs/notes-prefill-wgmma.md, so its
-  // copies look the block id up themselves, as in run 1.)
-  if constexpr (FMT == AUTO) {
-    if (ntiles > 0) ld.copy(lo, smem_addr(tile_k(0)), smem_addr(tile_v(0)));
-    for (int it = 0; it < ntiles; ++it) {
-      const int p0 = lo + it * WG_KT;
-      cp_async_wait<0>();
-      wg::fence_proxy_async();
-      __syncthreads();  // tile `it` landed for every thread; buffer (it+1)&1 is no longer read
-      if (it + 1 < ntiles) {
-        const int nb = (it + 1) & 1;
-        ld.copy(p0 + WG_KT, smem_addr(tile_k(nb)), smem_addr(tile_v(nb)));
+    // block k: P'·V of tile k-1 (if this warpgroup computed its softmax) and S of tile k (if its
+    // rows reach it), one commit group, one wait; the stage of tile k-1 is released after it
+    bool pact = false;
+    uint64_t pofs = 0;
+#pragma unroll 1
+    for (int k = 0; k <= ntiles; ++k) {
+      const int p0 = lo + k * WG_KT;
+      const int st = k % WS_NS;
+      const bool sact = k < ntiles && ghas && gmax >= p0 && !(window > 0 && p0 + WG_KT - 1 <= gmin - window);
+      const uint64_t sofs = static_cast<uint64_t>((st * SM::STAGE) >> 4);
+      if (k < ntiles) mbar_wait(&full_bar[st], (k / WS_NS) & 1);
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+      named_bar_sync(my_turn, 256);
+      const bool pass = !(cwg == 1 && k == ntiles);  // the last turn goes nowhere: counts match
+#endif
+      // issue and wait in the same branch (ptxas serialises wgmma otherwise, C7518)
+      if (pact && sact) {
+        wg::reg_fence(acc);
+        wg::fence();
+        issue_pv(pofs);
+        issue_s(sofs);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<0>();
+        wg::reg_fence(acc);
+        wg::reg_fence(s);
+      } else if (pact) {
+        wg::reg_fence(acc);
+        wg::fence();
+        issue_pv(pofs);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<0>();
+        wg::reg_fence(acc);
+      } else if (sact) {
+        wg::fence();
+        issue_s(sofs);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<0>();
+        wg::reg_fence(s);
+      } else {
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
       }
-      compute(it & 1, p0, 0);
-    }
-  } else {
-    int blk = 0;
-    if (ntiles > 0) {
-      ld.load_raw(lo);
-      if (ntiles > 1) blk = ld.block_of(lo + WG_KT);
-      ld.store_tile(tile_k(0), tile_v(0), tile_par(0));
-      if (ntiles > 1) ld.load_raw(lo + WG_KT, blk);
-      if (ntiles > 2) blk = ld.block_of(lo + 2 * WG_KT);
-    }
-    wg::fence_proxy_async();
-    __syncthreads();
-    for (int it = 0; it < ntiles; ++it) {
-      const int p0 = lo + it * WG_KT;
-      // decodes tile it+1 (on the last tile: the raw registers again, into the unused buffer)
-      compute(it & 1, p0, (it + 1) & 1);
-      __syncthreads();
-      // raw bytes of tile it+2 (consumed by the decode in the next compute, after its S and
-      // softmax: a tile's time to land), issued after the barrier so that no fence or barrier
-      // of this tile waits for them
-      if (it + 2 < ntiles) {
-        ld.load_raw(p0 + 2 * WG_KT, blk);
-        if (it + 3 < ntiles) blk = ld.block_of(p0 + 3 * WG_KT);
+      if (k > 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty_bar[(k - 1) % WS_NS]);  // this warp is done with tile k-1
       }
+      if (sact) {
+        const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
+        const float* par = stage_par(st);
+        float nm0, nm1;
+        pf_softmax_update<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
+#pragma unroll
+        for (int kc = 0; kc < PC; ++kc)
+          pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+      }
+      pact = sact;
+      pofs = sofs;
     }
+
+    pf_epilogue<FMT, D, T, WG_ROWS, WS_CW, SM::ORS>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
+                                                    cw, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
   }
-
-  pf_epilogue<FMT, D, T, WG_ROWS, WG_NW, SM::ORS>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
-                                                  warp, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
 }
-#endif  // KVLAB_WGMMA_WS

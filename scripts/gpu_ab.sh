@@ -3,18 +3,26 @@
 # log and result straight into $OUT so that a call cut off at its limit still returns what ran.
 # (scripts/gpu_run.sh is the full run: check, whole suite, sanitizer, every bench.)
 #
-#   WARM='|;-DKVLAB_WGMMA_WS'          option strings; every kernel family is compiled once per
+#   WARM='|;-DKVLAB_WGMMA_WS_STAGES=2'  option strings; every kernel family is compiled once per
 #                                      string, one process per (string, family), all in parallel
-#   TESTS='ws|-DKVLAB_WGMMA_WS|tests/gpu/test_prefill_gpu.py -k "wgmma or agree";lean|-DX|-m gpu tests/gpu/a.py'
+#   TESTS='s2|-DKVLAB_WGMMA_WS_STAGES=2|tests/gpu/test_prefill_gpu.py -k "wgmma or agree";lean|-DX|-m gpu tests/gpu/a.py'
 #                                      name|options|pytest arguments (shell words, eval'd): all run
 #                                      in parallel, each cut at T_TESTS s
-#   BENCH='pf_base||prefill --quick;pf_ws|-DKVLAB_WGMMA_WS|prefill --quick'
-#                                      name|options|bench arguments: one after another, alone on the
-#                                      GPU, each cut to T_BENCH s and to what the deadline leaves
+#   BENCH='pf_base||prefill --quick;pf_s3|-DKVLAB_WGMMA_WS_STAGES=3|prefill --quick|KVLAB_BENCH_PREFILL_VARIANTS=wgmma'
+#                                      name|options|bench arguments[|environment assignments]: one
+#                                      after another, alone on the GPU, each cut to T_BENCH s and
+#                                      to what the deadline leaves
 #   BENCH_ENV='KVLAB_BENCH_PREFILL_VARIANTS=wgmma'   extra environment for every bench
+#   SANITIZE=1                         scripts/sanitize.sh (every kernel, 4 tools) alongside TESTS
+#   PROFILE_PREFILL='int4_per_token_head'   Nsight Compute over one wgmma prefill launch of that
+#                                      format (scripts/profile_prefill.py), after the benches: the
+#                                      details page, raw metrics and the per-SASS-line stall samples
 #   DEADLINE=570                       seconds after start at which nothing new is started
+# Everything lands in $OUT/ab.tgz (the device tool brings back only a few files) plus summary.txt.
 set -uo pipefail
-OUT=${OUT:-/tmp/kvlab_ab}; mkdir -p "$OUT"
+FINAL_OUT=${OUT:-/tmp/kvlab_ab_out}
+OUT=/tmp/kvlab_ab
+rm -rf "$OUT"; mkdir -p "$OUT" "$FINAL_OUT"
 t0=$(date +%s); el() { echo $(( $(date +%s) - t0 )); }
 left() { echo $(( ${DEADLINE:-570} - $(el) )); }
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -34,6 +42,11 @@ if [ -n "${WARM:-}" ]; then
   echo "warm done [$(el) s]: $(grep -c '^warm .* s$' "$OUT/warm.log") compiled, slowest: $(grep -o '[0-9]* s$' "$OUT/warm.log" | sort -n | tail -1)"
 fi
 pids=()
+if [ -n "${SANITIZE:-}" ]; then
+  ( OUT="$OUT/sanitize" timeout "${T_SANITIZE:-400}" bash scripts/sanitize.sh > "$OUT/sanitize.txt" 2>&1
+    echo "sanitize rc=$?" >> "$OUT/sanitize.txt" ) &
+  pids+=($!)
+fi
 if [ -n "${TESTS:-}" ]; then
   IFS=';' read -r -a tests <<< "$TESTS"
   for t in "${tests[@]}"; do
@@ -43,7 +56,10 @@ if [ -n "${TESTS:-}" ]; then
         > "$OUT/pytest_$name.log" 2>&1; echo "rc=$?" >> "$OUT/pytest_$name.log" ) &
     pids+=($!)
   done
-  for p in "${pids[@]}"; do wait "$p"; done
+fi
+for p in "${pids[@]}"; do wait "$p"; done
+[ -f "$OUT/sanitize.txt" ] && grep -E "^(memcheck|racecheck|initcheck|synccheck|sanitize rc)" "$OUT/sanitize.txt"
+if [ -n "${TESTS:-}" ]; then
   for t in "${tests[@]}"; do name=${t%%|*}
     echo "pytest $name: $(grep -E '[0-9]+ (passed|failed|error)' "$OUT/pytest_$name.log" | tail -1) $(tail -1 "$OUT/pytest_$name.log")"
     grep -E "^(FAILED|ERROR)" "$OUT/pytest_$name.log" | head -8
@@ -53,14 +69,30 @@ fi
 if [ -n "${BENCH:-}" ]; then
   IFS=';' read -r -a benches <<< "$BENCH"
   for b in "${benches[@]}"; do
-    IFS='|' read -r name opts args <<< "$b"
+    IFS='|' read -r name opts args benv <<< "$b"
     lim=$(left); [ "$lim" -gt "${T_BENCH:-200}" ] && lim=${T_BENCH:-200}
     if [ "$lim" -lt 30 ]; then echo "bench $name: not started (deadline)"; continue; fi
     # shellcheck disable=SC2086
-    eval "env ${BENCH_ENV:-} KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout $lim python3 -m kvlab bench $args --out \"$OUT/bench_$name\"" \
+    eval "env ${BENCH_ENV:-} ${benv:-} KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout $lim python3 -m kvlab bench $args --out \"$OUT/bench_$name\"" \
       > "$OUT/bench_$name.log" 2>&1 || { echo "bench $name failed or timed out:"; tail -3 "$OUT/bench_$name.log"; }
     echo "bench $name done [$(el) s]"
   done
+fi
+if [ -n "${PROFILE_PREFILL:-}" ] && [ "$(left)" -gt 60 ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  lim=$(left); lim=$(( lim - 20 ))
+  [ -n "$NCU" ] && timeout "$lim" "$NCU" --clock-control none --set full --import-source yes \
+    --export "$OUT/ncu_prefill" --force-overwrite -k regex:paged_attention_prefill_wgmma -c 1 \
+    python3 scripts/profile_prefill.py "$PROFILE_PREFILL" wgmma > "$OUT/ncu_prefill.txt" 2>&1
+  if [ -f "$OUT/ncu_prefill.ncu-rep" ]; then
+    "$NCU" --import "$OUT/ncu_prefill.ncu-rep" --page details >> "$OUT/ncu_prefill.txt" 2>&1
+    "$NCU" --import "$OUT/ncu_prefill.ncu-rep" --page raw --csv > "$OUT/ncu_prefill_raw.csv" 2>&1
+    "$NCU" --import "$OUT/ncu_prefill.ncu-rep" --page source --csv --print-source sass \
+      > "$OUT/ncu_prefill_source.csv" 2>&1
+  fi
+  echo "prefill profile done [$(el) s]"
+  grep -E "^ +(Duration|Registers Per|Achieved Active Warps|Issue Slots Busy|Executed Ipc A|No Eligible|Compute \(SM\) Throughput)" \
+    "$OUT/ncu_prefill.txt" | head -12
 fi
 echo "================ summary ================"
 for f in "$OUT"/bench_*/results.md; do
@@ -68,4 +100,6 @@ for f in "$OUT"/bench_*/results.md; do
     | grep -E "T=4096 causal 32/8 d=128|T=65536 H=8|B=32 L=8192 32/8 d=128|B=1 L=131072 32/8 d=128" \
     | cut -d'|' -f3-4,7-8 | head -"${SUMMARY_LINES:-24}"
 done
+tar czf "$FINAL_OUT/ab.tgz" -C "$OUT" --exclude='*.ncu-rep' . && echo "results: ab.tgz ($(du -h "$FINAL_OUT/ab.tgz" | cut -f1))"
+[ -f "$OUT/ncu_prefill.ncu-rep" ] && cp "$OUT/ncu_prefill.ncu-rep" "$FINAL_OUT/"
 exit 0

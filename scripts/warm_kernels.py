@@ -1,7 +1,7 @@
 """Compile kernel families into the on-disk kernel caches, so that later processes with the same
 ``KVLAB_NVRTC_OPTIONS`` find them compiled (the cache key includes the option string).
 
-    KVLAB_NVRTC_OPTIONS=-DKVLAB_WGMMA_WS python3 scripts/warm_kernels.py paged_prefill_wgmma
+    KVLAB_NVRTC_OPTIONS=-DKVLAB_WGMMA_WS_STAGES=2 python3 scripts/warm_kernels.py paged_prefill_wgmma
 
 One process per family is the unit of parallelism (``scripts/gpu_ab.sh`` runs many at once: a
 first NVRTC compile of the wgmma family takes more than 90 s on the H200 machine). Needs a GPU for

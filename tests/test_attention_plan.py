@@ -138,30 +138,31 @@ def test_prefill_spec_and_smem_per_variant():
     s = A._prefill_spec(3, 128, "bfloat16", "wgmma")
     assert s.family == "paged_prefill_wgmma" and s in loader.FAMILIES["paged_prefill_wgmma"]
     assert A.prefill_smem_bytes(128) == 768 * 128 + 7168
-    assert A.prefill_smem_bytes(128, "wgmma") == 768 * 128 + 1024 <= 227 * 1024
+    assert A.prefill_smem_bytes(128, "wgmma") == 4 * (256 * 128 + 512) + 256 * 128 <= 227 * 1024
     assert _plan().prefill_variant == "mma"
 
 
-def test_prefill_geometry_reads_the_ws_switch(monkeypatch):
-    """-DKVLAB_WGMMA_WS in KVLAB_NVRTC_OPTIONS: the wgmma launch takes 384 threads and the ring's
-    shared memory; the v2 ("mma") launch and the default build are unchanged; bad stage counts raise."""
+def test_prefill_geometry_reads_the_ring_switch(monkeypatch):
+    """The wgmma launch takes 384 threads (producer + 2 consumer warpgroups) and the shared memory of
+    a ring of 4 stages, or of -DKVLAB_WGMMA_WS_STAGES in KVLAB_NVRTC_OPTIONS; the v2 ("mma") launch
+    does not change; bad stage counts raise."""
     from kvlab.cuda import attention as A
 
     monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
-    assert A.prefill_geometry("wgmma") == A.PrefillGeometry(128, 256, 0) == A.prefill_geometry("mma")
-    assert A.prefill_smem_bytes(128, "wgmma") == 768 * 128 + 1024
-    for opts, stages in (("-DKVLAB_WGMMA_WS", 4), ("-lineinfo --define-macro=KVLAB_WGMMA_WS", 4),
-                         ("-DKVLAB_WGMMA_WS -DKVLAB_WGMMA_WS_STAGES=3", 3),
-                         ("-DKVLAB_WGMMA_WS=1 -DKVLAB_WGMMA_WS_STAGES=2 -DKVLAB_WGMMA_WS_NO_PINGPONG", 2)):
+    assert A.prefill_geometry("wgmma") == A.PrefillGeometry(128, 384, 4)
+    assert A.prefill_geometry("mma") == A.PrefillGeometry(128, 256, 0)
+    assert A.prefill_smem_bytes(128, "wgmma") == 4 * (256 * 128 + 512) + 256 * 128
+    for opts, stages in (("-lineinfo", 4), ("-DKVLAB_WGMMA_WS_STAGES=3", 3),
+                         ("--define-macro=KVLAB_WGMMA_WS_STAGES=2", 2),
+                         ("-DKVLAB_WGMMA_WS_STAGES=2 -DKVLAB_WGMMA_WS_NO_PINGPONG", 2),
+                         ("-DKVLAB_WGMMA_WS_STAGESX=2", 4)):
         monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
         assert A.prefill_geometry("wgmma") == A.PrefillGeometry(128, 384, stages), opts
         assert A.prefill_geometry("mma") == A.PrefillGeometry(128, 256, 0)
         assert A.prefill_smem_bytes(128, "wgmma") == stages * (256 * 128 + 512) + 256 * 128 <= 227 * 1024
         assert A.prefill_smem_bytes(64, "wgmma") == stages * (256 * 64 + 512) + 256 * 64
         assert A.prefill_smem_bytes(128) == 768 * 128 + 7168
-    for opts in ("-DKVLAB_WGMMA_WS_STAGES=3", "-DKVLAB_WGMMA_WSX", "-DKVLAB_WGMMA_ONE_WG"):
-        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-        assert A.prefill_geometry("wgmma").threads == 256, opts
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_WGMMA_WS -DKVLAB_WGMMA_WS_STAGES=5")
-    with pytest.raises(ValueError, match="2 .. 4 stages"):
-        A.prefill_geometry("wgmma")
+    for bad in (1, 5):
+        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", f"-DKVLAB_WGMMA_WS_STAGES={bad}")
+        with pytest.raises(ValueError, match="2 .. 4 stages"):
+            A.prefill_geometry("wgmma")

@@ -170,12 +170,12 @@ def _prefill_spec(code, d, t, variant="mma"):
     return KernelSpec(PREFILL_FAMILY, "paged_attention_prefill", (code, d, t))
 
 
-#: compile switch of the warp-specialised wgmma prefill kernel (kernels_cu/paged_prefill_wgmma_ws.cuh:
-#: a producer warpgroup decodes into a ring of stages, two consumer warpgroups of 64 rows each),
-#: given through ``KVLAB_NVRTC_OPTIONS``; ``KVLAB_WGMMA_WS_STAGES=N`` (2..4, default 4) sets the ring
-WGMMA_WS_MACRO = "KVLAB_WGMMA_WS"
+#: ring stages of the warp-specialised wgmma prefill kernel (paged_prefill_wgmma.cu: a producer
+#: warpgroup decodes into a ring of stages, two consumer warpgroups of 64 rows each); the compile
+#: switch ``-DKVLAB_WGMMA_WS_STAGES=N`` (2..4) in ``KVLAB_NVRTC_OPTIONS`` changes it
 WGMMA_WS_STAGES_MACRO = "KVLAB_WGMMA_WS_STAGES"
 WGMMA_WS_DEFAULT_STAGES = 4
+WGMMA_THREADS = 384
 
 
 @dataclass(frozen=True)
@@ -202,35 +202,32 @@ def _macros(env_options: str) -> dict:
 @functools.lru_cache(maxsize=8)
 def _wgmma_geometry(env_options: str) -> PrefillGeometry:
     m = _macros(env_options)
-    if WGMMA_WS_MACRO not in m:
-        return PrefillGeometry(PF_ROWS, PF_WARPS * 32)
     stages = int(m.get(WGMMA_WS_STAGES_MACRO) or WGMMA_WS_DEFAULT_STAGES)
     if not 2 <= stages <= 4:
         raise ValueError(f"KVLAB_NVRTC_OPTIONS: -D{WGMMA_WS_STAGES_MACRO}={stages}: 2 .. 4 stages")
-    return PrefillGeometry(PF_ROWS, 384, stages)
+    return PrefillGeometry(PF_ROWS, WGMMA_THREADS, stages)
 
 
 def prefill_geometry(variant: str = "mma") -> PrefillGeometry:
-    """Launch shape of the prefill kernel ``variant`` as built now: 128 rows on 256 threads (v2;
-    wgmma: 2 warpgroups), or, for the wgmma kernel built with ``-DKVLAB_WGMMA_WS`` (read from
+    """Launch shape of the prefill kernel ``variant`` as built now: v2 (``"mma"``): 128 rows on 256
+    threads; ``"wgmma"`` (warp-specialised): 128 rows on 384 threads (producer + 2 consumer
+    warpgroups) with ``stages`` ring stages (4, or ``-DKVLAB_WGMMA_WS_STAGES`` read from
     ``KVLAB_NVRTC_OPTIONS``, cached per value; set it for the whole process, as a family is compiled
-    once), 128 rows on 384 threads (producer + 2 consumer warpgroups) with ``stages`` ring stages."""
+    once)."""
     if variant == "wgmma":
         return _wgmma_geometry(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
     return PrefillGeometry(PF_ROWS, PF_WARPS * 32)
 
 
 def prefill_smem_bytes(d: int, variant: str = "mma") -> int:
-    """Dynamic shared memory of a prefill launch: two KV tile buffers + the query rows
-    (``PfSmem<D>::BYTES`` in paged_prefill.cu: 16-byte padded rows for ldmatrix;
-    ``WgSmem<D>::BYTES`` in paged_prefill_wgmma.cu: unpadded wgmma core matrices); the
-    warp-specialised wgmma build: ``stages`` ring stages + the query rows (``WsSmem<D>::BYTES``,
-    stages·(256·d + 512) + 256·d)."""
+    """Dynamic shared memory of a prefill launch (bytes). v2: two KV tile buffers + the query rows
+    (``PfSmem<D>::BYTES`` in paged_prefill.cu: 16-byte padded rows for ldmatrix), 768·d + 7168;
+    wgmma: ``stages`` ring stages of (K tile, V tile, 2·64 float scales) + the query rows as
+    unpadded wgmma core matrices (``WsSmem<D>::BYTES``), stages·(256·d + 512) + 256·d."""
     if variant == "wgmma":
         stages = prefill_geometry(variant).stages
-        if stages:
-            return stages * (256 * d + 512) + 256 * d
-    return 768 * d + (1024 if variant == "wgmma" else 7168)
+        return stages * (256 * d + 512) + 256 * d
+    return 768 * d + 7168
 
 
 def _variant_choice(value, env: str, default: str, choices, arg: str) -> tuple[str, str]:
