@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# A/B call on the lent GPU machine for compile-time switches (KVLAB_NVRTC_OPTIONS), writing every
-# log and result straight into $OUT so that a call cut off at its limit still returns what ran.
+# A/B call on the lent GPU machine for compile-time switches (KVLAB_NVRTC_OPTIONS). Every step runs
+# under a deadline (DEADLINE) so that the results are always packed before the call's limit.
 # (scripts/gpu_run.sh is the full run: check, whole suite, sanitizer, every bench.)
 #
-#   WARM='|;-DKVLAB_WGMMA_WS_STAGES=2'  option strings; every kernel family is compiled once per
-#                                      string, one process per (string, family), all in parallel
+#   WARM=';-DKVLAB_WGMMA_WS_STAGES=2|paged_prefill_wgmma reshape_and_cache'
+#                                      option strings, each optionally followed by |families (else
+#                                      every family): compiled once per string, one process per
+#                                      (string, family), all in parallel
 #   TESTS='s2|-DKVLAB_WGMMA_WS_STAGES=2|tests/gpu/test_prefill_gpu.py -k "wgmma or agree";lean|-DX|-m gpu tests/gpu/a.py'
 #                                      name|options|pytest arguments (shell words, eval'd): all run
 #                                      in parallel, each cut at T_TESTS s
@@ -14,7 +16,7 @@
 #                                      to what the deadline leaves
 #   BENCH_ENV='KVLAB_BENCH_PREFILL_VARIANTS=wgmma'   extra environment for every bench
 #   SANITIZE=1                         scripts/sanitize.sh (every kernel, 4 tools) alongside TESTS
-#   PROFILE_PREFILL='int4_per_token_head'   Nsight Compute over one wgmma prefill launch of that
+#   PROFILE_PREFILL='int4_per_token_head auto'   Nsight Compute over one wgmma prefill launch per
 #                                      format (scripts/profile_prefill.py), after the benches: the
 #                                      details page, raw metrics and the per-SASS-line stall samples
 #   DEADLINE=570                       seconds after start at which nothing new is started
@@ -35,7 +37,10 @@ git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true
 if [ -n "${WARM:-}" ]; then
   fams=$(python3 -c "from kvlab.cuda import loader; print(' '.join(loader.all_families()))")
   IFS=';' read -r -a wopts <<< "$WARM"
-  for o in "${wopts[@]}"; do for f in $fams; do printf '%s\t%s\n' "$o" "$f"; done; done \
+  for o in "${wopts[@]}"; do
+    of=$fams; case "$o" in *"|"*) of=${o#*|}; o=${o%%|*};; esac
+    for f in $of; do printf '%s\t%s\n' "$o" "$f"; done
+  done \
     | xargs -P "${WARM_JOBS:-16}" -d '\n' -I{} bash -c \
       'o=$(cut -f1 <<< "{}"); f=$(cut -f2 <<< "{}"); KVLAB_NVRTC_OPTIONS="$o" timeout '"${T_WARM:-300}"' python3 scripts/warm_kernels.py "$f" 2>&1 | tail -1' \
     > "$OUT/warm.log" 2>&1
@@ -78,22 +83,21 @@ if [ -n "${BENCH:-}" ]; then
     echo "bench $name done [$(el) s]"
   done
 fi
-if [ -n "${PROFILE_PREFILL:-}" ] && [ "$(left)" -gt 60 ]; then
+for pf in ${PROFILE_PREFILL:-}; do
+  [ "$(left)" -gt 60 ] || { echo "profile $pf: not started (deadline)"; continue; }
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
-  lim=$(left); lim=$(( lim - 20 ))
-  [ -n "$NCU" ] && timeout "$lim" "$NCU" --clock-control none --set full --import-source yes \
-    --export "$OUT/ncu_prefill" --force-overwrite -k regex:paged_attention_prefill_wgmma -c 1 \
-    python3 scripts/profile_prefill.py "$PROFILE_PREFILL" wgmma > "$OUT/ncu_prefill.txt" 2>&1
-  if [ -f "$OUT/ncu_prefill.ncu-rep" ]; then
-    "$NCU" --import "$OUT/ncu_prefill.ncu-rep" --page details >> "$OUT/ncu_prefill.txt" 2>&1
-    "$NCU" --import "$OUT/ncu_prefill.ncu-rep" --page raw --csv > "$OUT/ncu_prefill_raw.csv" 2>&1
-    "$NCU" --import "$OUT/ncu_prefill.ncu-rep" --page source --csv --print-source sass \
-      > "$OUT/ncu_prefill_source.csv" 2>&1
+  [ -n "$NCU" ] || { echo "ncu not found"; break; }
+  lim=$(left); lim=$(( lim - 20 )); rep="$OUT/ncu_prefill_$pf"
+  timeout "$lim" "$NCU" --clock-control none --set full --import-source yes --export "$rep" --force-overwrite \
+    -k regex:paged_attention_prefill_wgmma -c 1 python3 scripts/profile_prefill.py "$pf" wgmma > "$rep.txt" 2>&1
+  if [ -f "$rep.ncu-rep" ]; then
+    "$NCU" --import "$rep.ncu-rep" --page details >> "$rep.txt" 2>&1
+    "$NCU" --import "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2>&1
+    "$NCU" --import "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_source.csv" 2>&1
   fi
-  echo "prefill profile done [$(el) s]"
-  grep -E "^ +(Duration|Registers Per|Achieved Active Warps|Issue Slots Busy|Executed Ipc A|No Eligible|Compute \(SM\) Throughput)" \
-    "$OUT/ncu_prefill.txt" | head -12
-fi
+  echo "prefill profile $pf done [$(el) s]"
+  grep -E "^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput)" "$rep.txt" | head -6
+done
 echo "================ summary ================"
 for f in "$OUT"/bench_*/results.md; do
   [ -f "$f" ] && echo "# $(basename "$(dirname "$f")")" && sed -n '/^## /,$p' "$f" \
@@ -101,5 +105,4 @@ for f in "$OUT"/bench_*/results.md; do
     | cut -d'|' -f3-4,7-8 | head -"${SUMMARY_LINES:-24}"
 done
 tar czf "$FINAL_OUT/ab.tgz" -C "$OUT" --exclude='*.ncu-rep' . && echo "results: ab.tgz ($(du -h "$FINAL_OUT/ab.tgz" | cut -f1))"
-[ -f "$OUT/ncu_prefill.ncu-rep" ] && cp "$OUT/ncu_prefill.ncu-rep" "$FINAL_OUT/"
 exit 0
