@@ -612,8 +612,9 @@ __device__ __forceinline__ uint32_t int4_chunk_codes(const float (&x)[EPT], int 
   return VEC == 8 ? w : (w & 0xFFFFu);
 }
 
-// int4_chunk_codes for 8 codes per word with less integer work (used by MMA8, the default at
-// d = 128; the other int4 paths keep int4_chunk_codes). The same magic
+// int4_chunk_codes for 8 codes per word with less integer work (used by MMA8 at d = 128: the
+// plain tail's codes, the lean tail's clamping fallback; the other int4 paths keep
+// int4_chunk_codes). The same magic
 // add, bits(RZ(v + 2^22 + 0.5)) = 0x4A800000 + m with m = floor(2v + 1) in [0, 31] for v in
 // [-0.5, 15.5) (round_half_up_bits; the caller's no-clamp check or the clamp), but m is not
 // shifted per code: the even elements' m go to the bytes of one word, the odd elements' to
@@ -640,6 +641,7 @@ __device__ __forceinline__ uint32_t int4_chunk_codes_bytes(const float (&x)[EPT]
 }
 
 #if defined(KVLAB_INT4_WRITE_MMA8)
+// (the plain MMA8 tail, -DKVLAB_INT4_WRITE_PLAIN_TAIL; int4_qparams_lean is this with rcp_rn_scale)
 // int4_qparams (quant_formats.cuh) with the zero point's division -mn / scale as Markstein's
 // correction from inv_scale = RN(1/scale), which int4_qparams computes anyway (div_rn_by_recip:
 // the correctly rounded quotient in the normal range, 3 FMA-pipe instructions) instead of an IEEE
@@ -684,8 +686,8 @@ __device__ __forceinline__ Int4Params int4_qparams_recip(float mn, float mx) {
 // T, mn/mx their lane-local min and max (NaN-propagating). G: the lane geometry — Int4Geometry
 // here, Int4QuadGeometry for the tensor-core path (reshape_and_cache_int4_mma), whose rotation
 // differs and whose rare path is this same code.
-// BYTE_CODES (MMA8): codes by int4_chunk_codes_bytes. ZP_RECIP (MMA8): qparams by
-// int4_qparams_recip.
+// BYTE_CODES (MMA8's plain tail, -DKVLAB_INT4_WRITE_PLAIN_TAIL): codes by int4_chunk_codes_bytes.
+// ZP_RECIP (the same): qparams by int4_qparams_recip.
 template <int D, typename T, typename G, bool BYTE_CODES = false, bool ZP_RECIP = false>
 __device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn, float mx, bool active, int lig,
                                                     uint8_t* row, const T* src) {
@@ -807,7 +809,9 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
 
 // MMA8 (the default): int4 with 16-bit input at d = 128 rotates on tensor cores with 8 rows
 // per warp (rht_mma8_row, int4_write_mma.cuh) in the base kernel's geometry (Int4Geometry: 4
-// lanes per row, the same loads, the same tail); K then V as there. No host change.
+// lanes per row, the same loads); K then V as there. No host change. Its tail is
+// quantize_store_int4_lean (session 7), or with -DKVLAB_INT4_WRITE_PLAIN_TAIL the base kernel's
+// quantize_store_int4 with byte codes and the reciprocal zero point.
 #if defined(KVLAB_INT4_WRITE_MMA8)
 template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() {
   return FMT == FMT_INT4 && sizeof(T) == 2 && D == 128;
@@ -923,7 +927,7 @@ __device__ __forceinline__ void quad_min_max_packed(const typename Pair<T>::V (&
   mx = -f.y;
 }
 
-// quantize_store_int4<…, BYTE_CODES, ZP_RECIP> (the MMA8 tail) from the packed rounded pairs pk,
+// quantize_store_int4<…, BYTE_CODES, ZP_RECIP> (the plain MMA8 tail) from the packed rounded pairs pk,
 // with the pieces above; the same decisions and bytes.
 template <int D, typename T>
 __device__ __forceinline__ void quantize_store_int4_lean(typename Pair<T>::V (&pk)[16], bool active, int lig,
