@@ -20,7 +20,9 @@
 //         of copy against 0.60 for the all-CUDA-core path (docs/perf-notes.md, session 5), which
 //         -DKVLAB_INT4_WRITE_CUDA_CORES keeps for A/B. -DKVLAB_INT4_WRITE_MMA (experiment,
 //         16-bit input, d = 64 and 128, measured slower: 0.56): a warp per 16 rows
-//         (reshape_and_cache_int4_mma). docs/notes-int4-write-mma.md.
+//         (reshape_and_cache_int4_mma). docs/notes-int4-write-mma.md. MMA8's tail is the lean
+//         one since session 7 (quantize_store_int4_lean, H200 65,536 tok x 8 heads x 128 bf16:
+//         0.1060 vs 0.1122 ms); -DKVLAB_INT4_WRITE_PLAIN_TAIL builds the previous one for A/B.
 // At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
 // ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
 // adds instead), no per-element IEEE division (nvfp4: a 2-instruction exact division by an
@@ -62,8 +64,17 @@
 #if !defined(KVLAB_INT4_WRITE_MMA) && !defined(KVLAB_INT4_WRITE_CUDA_CORES) && !defined(KVLAB_INT4_WRITE_MMA8)
 #define KVLAB_INT4_WRITE_MMA8
 #endif
-#if defined(KVLAB_INT4_WRITE_LEAN) && !defined(KVLAB_INT4_WRITE_MMA8)
-#error "KVLAB_INT4_WRITE_LEAN refines the MMA8 write (the default): not with KVLAB_INT4_WRITE_MMA / _CUDA_CORES"
+// MMA8's tail: the lean one (quantize_store_int4_lean, session 7) unless
+// -DKVLAB_INT4_WRITE_PLAIN_TAIL asks for the previous one (quantize_store_int4, for A/B);
+// -DKVLAB_INT4_WRITE_LEAN, its session-7 A/B name, is accepted as well.
+#if (defined(KVLAB_INT4_WRITE_LEAN) || defined(KVLAB_INT4_WRITE_PLAIN_TAIL)) && !defined(KVLAB_INT4_WRITE_MMA8)
+#error "KVLAB_INT4_WRITE_LEAN / _PLAIN_TAIL choose the MMA8 write's tail: not with KVLAB_INT4_WRITE_MMA / _CUDA_CORES"
+#endif
+#if defined(KVLAB_INT4_WRITE_LEAN) && defined(KVLAB_INT4_WRITE_PLAIN_TAIL)
+#error "KVLAB_INT4_WRITE_LEAN, KVLAB_INT4_WRITE_PLAIN_TAIL: one MMA8 tail at a time"
+#endif
+#if defined(KVLAB_INT4_WRITE_MMA8) && !defined(KVLAB_INT4_WRITE_PLAIN_TAIL) && !defined(KVLAB_INT4_WRITE_LEAN)
+#define KVLAB_INT4_WRITE_LEAN
 #endif
 #if defined(KVLAB_INT4_WRITE_MMA) || defined(KVLAB_INT4_WRITE_MMA8)
 #include "int4_write_mma.cuh"
@@ -601,8 +612,9 @@ __device__ __forceinline__ uint32_t int4_chunk_codes(const float (&x)[EPT], int 
   return VEC == 8 ? w : (w & 0xFFFFu);
 }
 
-// int4_chunk_codes for 8 codes per word with less integer work (used by MMA8, the default at
-// d = 128; the other int4 paths keep int4_chunk_codes). The same magic
+// int4_chunk_codes for 8 codes per word with less integer work (used by MMA8 at d = 128: the
+// plain tail's codes, the lean tail's clamping fallback; the other int4 paths keep
+// int4_chunk_codes). The same magic
 // add, bits(RZ(v + 2^22 + 0.5)) = 0x4A800000 + m with m = floor(2v + 1) in [0, 31] for v in
 // [-0.5, 15.5) (round_half_up_bits; the caller's no-clamp check or the clamp), but m is not
 // shifted per code: the even elements' m go to the bytes of one word, the odd elements' to
@@ -629,6 +641,7 @@ __device__ __forceinline__ uint32_t int4_chunk_codes_bytes(const float (&x)[EPT]
 }
 
 #if defined(KVLAB_INT4_WRITE_MMA8)
+// (the plain MMA8 tail, -DKVLAB_INT4_WRITE_PLAIN_TAIL; int4_qparams_lean is this with rcp_rn_scale)
 // int4_qparams (quant_formats.cuh) with the zero point's division -mn / scale as Markstein's
 // correction from inv_scale = RN(1/scale), which int4_qparams computes anyway (div_rn_by_recip:
 // the correctly rounded quotient in the normal range, 3 FMA-pipe instructions) instead of an IEEE
@@ -673,8 +686,8 @@ __device__ __forceinline__ Int4Params int4_qparams_recip(float mn, float mx) {
 // T, mn/mx their lane-local min and max (NaN-propagating). G: the lane geometry — Int4Geometry
 // here, Int4QuadGeometry for the tensor-core path (reshape_and_cache_int4_mma), whose rotation
 // differs and whose rare path is this same code.
-// BYTE_CODES (MMA8): codes by int4_chunk_codes_bytes. ZP_RECIP (MMA8): qparams by
-// int4_qparams_recip.
+// BYTE_CODES (MMA8's plain tail, -DKVLAB_INT4_WRITE_PLAIN_TAIL): codes by int4_chunk_codes_bytes.
+// ZP_RECIP (the same): qparams by int4_qparams_recip.
 template <int D, typename T, typename G, bool BYTE_CODES = false, bool ZP_RECIP = false>
 __device__ __forceinline__ void quantize_store_int4(float (&x)[G::EPT], float mn, float mx, bool active, int lig,
                                                     uint8_t* row, const T* src) {
@@ -796,21 +809,25 @@ __device__ __forceinline__ void rotate_encode_store_int4(const uint4 (&raw)[Int4
 
 // MMA8 (the default): int4 with 16-bit input at d = 128 rotates on tensor cores with 8 rows
 // per warp (rht_mma8_row, int4_write_mma.cuh) in the base kernel's geometry (Int4Geometry: 4
-// lanes per row, the same loads, the same tail); K then V as there. No host change.
+// lanes per row, the same loads); K then V as there. No host change. Its tail is
+// quantize_store_int4_lean (session 7), or with -DKVLAB_INT4_WRITE_PLAIN_TAIL the base kernel's
+// quantize_store_int4 with byte codes and the reciprocal zero point.
 #if defined(KVLAB_INT4_WRITE_MMA8)
 template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma8() {
   return FMT == FMT_INT4 && sizeof(T) == 2 && D == 128;
 }
 #if defined(KVLAB_INT4_WRITE_LEAN)
-// ---------------------------------------------------------------- -DKVLAB_INT4_WRITE_LEAN (session 7)
-// The MMA8 tail with fewer instructions per element and per row, the same cache bytes
-// (docs/notes-int4-write-mma.md, "Session 7 candidate"; tests/test_int4_write_variants.py):
+// ---------------------------------------------------------------- the lean MMA8 tail (session 7)
+// The MMA8 tail (the default since session 7; -DKVLAB_INT4_WRITE_PLAIN_TAIL builds the previous
+// one, quantize_store_int4<…, true, true>, for A/B) with fewer instructions per element and per
+// row, the same cache bytes (docs/notes-int4-write-mma.md, "Session 7 candidate";
+// tests/test_int4_write_variants.py):
 //  * quad min / max on packed 16-bit words: the lane's min pair and NEGATED max pair are folded
 //    into one word (min in the low half, -max in the high half), so one NaN-propagating packed
 //    min per shuffle stage reduces both; no float unpack before the shuffles.
 //  * the rare path is entered on the quad's range (!(mx - mn <= MAX), quad-uniform, no ballot);
-//    inside, the default's lane-by-lane decision is taken again, so the rows that take it are
-//    exactly the default's.
+//    inside, the plain tail's lane-by-lane decision is taken again, so the rows that take it are
+//    exactly the plain tail's.
 //  * inv_scale = RN(1/scale) by __frcp_rn's fast-path instructions without its range test
 //    (scale is in [1e-6, 2.3e37], inside that path's range: rcp_rn_scale).
 //  * codes as nibbles straight from the magic words (int4_chunk_codes_nibbles): 7 LEA per 8
@@ -910,7 +927,7 @@ __device__ __forceinline__ void quad_min_max_packed(const typename Pair<T>::V (&
   mx = -f.y;
 }
 
-// quantize_store_int4<…, BYTE_CODES, ZP_RECIP> (the MMA8 tail) from the packed rounded pairs pk,
+// quantize_store_int4<…, BYTE_CODES, ZP_RECIP> (the plain MMA8 tail) from the packed rounded pairs pk,
 // with the pieces above; the same decisions and bytes.
 template <int D, typename T>
 __device__ __forceinline__ void quantize_store_int4_lean(typename Pair<T>::V (&pk)[16], bool active, int lig,
@@ -928,7 +945,7 @@ __device__ __forceinline__ void quantize_store_int4_lean(typename Pair<T>::V (&p
     const unsigned gmask = 0xFu << (lane & ~3u);
     float x[EPT], lmn, lmx;
     minmax_unpack<T, EPT>(pk, x, lmn, lmx);
-    // the default's test, lane by lane (quantize_store_int4): a quad whose range overflows only
+    // the plain tail's test, lane by lane (quantize_store_int4): a quad whose range overflows only
     // across lanes stays on the common path there, and here
     const bool flag = !(__fsub_rn(lmx, lmn) <= FMAX);
     if (__ballot_sync(gmask, flag) & gmask) {
@@ -1155,11 +1172,14 @@ template <int FMT, int D, typename T> constexpr bool int4_write_uses_mma_any() {
 // k_scale / v_scale: nvfp4 global (dequantization) scales, unused otherwise.
 // SWIZZLE: nvfp4 V scales in vLLM's SM100 order.
 // int4 (16-bit input, d = 64..256): 3 resident blocks/SM (<= 85 registers) on sm_90; sm_80's
-// register allocation spills at that bound (d = 128), so 2 there.
+// register allocation spills at that bound (d = 128), so 2 there. -DKVLAB_INT4_WRITE_BLOCKS=n
+// overrides both (A/B of the register bound).
+#ifndef KVLAB_INT4_WRITE_BLOCKS
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVLAB_INT4_WRITE_BLOCKS 3
 #else
 #define KVLAB_INT4_WRITE_BLOCKS 2
+#endif
 #endif
 // the tensor-core int4 path (two rows per lane): see reshape_and_cache_int4_mma
 #define KVLAB_INT4_MMA_WRITE_BLOCKS 2

@@ -2,12 +2,12 @@
 
     python scripts/int4_write_hot_count.py                       # bf16 + fp16, d = 128, sm_90
     python scripts/int4_write_hot_count.py --arch sm_80 --dump hot.sass
-    KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_LEAN python scripts/int4_write_hot_count.py
+    KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_PLAIN_TAIL python scripts/int4_write_hot_count.py  # the pre-session-7 tail
 
 The counting method of sessions 4-6, made a script: compile ``reshape_and_cache<3, 128, T,
 false>`` from a copy of ``reshape_and_cache.cu`` in which the rare path (``if
-(__ballot_sync(0xffffffffu, flag) & gmask)`` and, for the -DKVLAB_INT4_WRITE_LEAN tail, ``if (!(rng <=
-FMAX))`` -> ``if (false)``) and the clamping code variant
+(__ballot_sync(0xffffffffu, flag) & gmask)`` and, for the lean tail (the default since session 7),
+``if (!(rng <= FMAX))`` -> ``if (false)``) and the clamping code variant
 (``noclamp`` -> ``true``) are compiled out, and count the instructions up to and including the
 last EXIT (so the inline parts of divisions and their never-taken slow-path branches are counted,
 the out-of-line slow-path subroutines after the last EXIT are not). Divided by the 64 elements (K
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kvlab.cuda import loader  # noqa: E402
 import sass_stats  # noqa: E402
 
-#: the rare-path tests: quantize_store_int4's and quantize_store_int4_lean's (-DKVLAB_INT4_WRITE_LEAN)
+#: the rare-path tests: quantize_store_int4's and quantize_store_int4_lean's (the default MMA8 tail)
 RARE = ("if (__ballot_sync(0xffffffffu, flag) & gmask) {", "if (!(rng <= FMAX)) {")
 NOCLAMP = re.compile(r"const bool noclamp = __all_sync\(0xffffffffu,[^;]*;", re.S)
 

@@ -1,13 +1,17 @@
-"""CPU emulation of two pieces of the default int4 write at d = 128 ("MMA8",
-kernels_cu/reshape_and_cache.cu; ``-DKVLAB_INT4_WRITE_CUDA_CORES`` is the path without them):
+"""CPU emulation of pieces of the default int4 write at d = 128 ("MMA8",
+kernels_cu/reshape_and_cache.cu; ``-DKVLAB_INT4_WRITE_CUDA_CORES`` is the path without them).
+Its tail is the lean one since session 7 (quantize_store_int4_lean, section
+``-DKVLAB_INT4_WRITE_LEAN`` below); ``-DKVLAB_INT4_WRITE_PLAIN_TAIL`` builds the previous one,
+quantize_store_int4<…, BYTE_CODES, ZP_RECIP>, called "the plain tail" here:
 
-* ``int4_chunk_codes_bytes``: the magic
+* ``int4_chunk_codes_bytes`` (the plain tail's codes; the lean tail's clamping fallback): the magic
   words ``bits(RZ(v + 2^22 + 0.5)) = 0x4A800000 + floor(2v + 1)`` of even and odd elements packed
   into the bytes of two words, then shifted and masked into nibbles — checked against the
   reference code rule on every tie of [-0.5, 15.5), its float32 neighbours and random values, in
   every position of the word, with and without the clamp.
-* ``int4_qparams_recip``: the zero point's division as Markstein's
-  correction, with exact arithmetic, against the float32 division.
+* ``int4_qparams_recip`` (the plain tail; int4_qparams_lean computes the zero point the same
+  way): the zero point's division as Markstein's correction, with exact arithmetic, against the
+  float32 division.
 
 (The shared-memory exchange variant of session 5, unmeasured, is on branch
 ``experiment/int4-write-variants`` with its emulation.)
@@ -164,7 +168,7 @@ def zp_recip(mn: np.float32, scale: np.float32) -> tuple:
 
 
 def test_zero_point_by_recip_equals_division():
-    """int4_qparams_recip (the -DKVLAB_INT4_WRITE_MMA8 tail): the zero point equals int4_qparams' on
+    """int4_qparams_recip (the plain MMA8 tail; int4_qparams_lean's zero point is the same): the zero point equals int4_qparams' on
     random vectors' extremes, on pairs built so that -mn/scale is exactly a tie k + 0.5 or an
     integer, and where the quotient overflows float32; below 16 the quotient itself is the
     correctly rounded one."""
@@ -204,8 +208,9 @@ def test_byte_codes_emulation_is_the_kernels():
         assert line in SRC, line
 
 
-# ----------------------------------------------------------------------------- -DKVLAB_INT4_WRITE_LEAN
-# quantize_store_int4_lean (reshape_and_cache.cu), the session-7 candidate: nibble codes from
+# ----------------------------------------------------------------------------- the lean MMA8 tail
+# quantize_store_int4_lean (reshape_and_cache.cu), the default MMA8 tail since session 7 (its A/B
+# name -DKVLAB_INT4_WRITE_LEAN; -DKVLAB_INT4_WRITE_PLAIN_TAIL builds the plain one): nibble codes from
 # RN(t + zph), the packed quad min / max, the reciprocal without its range test.
 M_EVEN, M_ONE = 8388608.0, 13631488.0      # 2^23 (bits 0x4B000000), 2^23 + 5·2^20 (0x4B500000)
 PRED_HALF = np.float32(0.49999997)          # 0.5 - 2^-25
@@ -319,7 +324,7 @@ def lean_row_words(y: np.ndarray):
 def test_lean_nibble_codes_through_real_rows(dtype):
     """Real rotated rows (random magnitudes, one-signed rows with zp = 0, zero rows): where the
     strict noclamp test holds the nibble words are the reference's codes; it holds for almost
-    every row (a warp whose test fails takes int4_chunk_codes_bytes<true>, the default's)."""
+    every row (a warp whose test fails takes int4_chunk_codes_bytes<true>, the plain tail's)."""
     rng = np.random.default_rng(12)
     x = rng.standard_normal((4000, 128)) * rng.uniform(1e-3, 50.0, (4000, 1))
     x[:200] = np.abs(x[:200]) + 3.0       # rows whose rotation is mostly one-signed
@@ -361,8 +366,8 @@ def quad_min_max_lean(lanes: np.ndarray, negate=True):
     return w[:, 0], -w[:, 1]
 
 
-def quad_min_max_default(lanes: np.ndarray):
-    """minmax_unpack + the lane flag + group_min / group_max (fminf / fmaxf) of the default tail."""
+def quad_min_max_plain(lanes: np.ndarray):
+    """minmax_unpack + the lane flag + group_min / group_max (fminf / fmaxf) of the plain tail."""
     mn_l = np.array([np.float32(np.nan) if np.isnan(l).any() else l.min() for l in lanes], np.float32)
     mx_l = np.array([np.float32(np.nan) if np.isnan(l).any() else l.max() for l in lanes], np.float32)
     with np.errstate(over="ignore", invalid="ignore"):
@@ -371,11 +376,11 @@ def quad_min_max_default(lanes: np.ndarray):
 
 
 @pytest.mark.parametrize("dtype", [NUMPY_BF16, np.dtype(np.float16)])
-def test_lean_quad_min_max_equals_default(dtype):
-    """For finite quads the packed (min, -max) reduction gives the default's group min and max in
-    every lane; a quad with any lane the default flags (NaN, ±inf, lane range overflow) has a
-    quad range that fails !(mx - mn <= MAX), so the lean tail enters its rare branch, where the
-    default's own lane test decides. Negating nothing breaks it."""
+def test_lean_quad_min_max_equals_plain(dtype):
+    """For finite quads the packed (min, -max) reduction gives the plain tail's group min and max
+    in every lane; a quad with any lane the plain tail flags (NaN, ±inf, lane range overflow) has
+    a quad range that fails !(mx - mn <= MAX), so the lean tail enters its rare branch, where the
+    plain tail's own lane test decides. Negating nothing breaks it."""
     rng = np.random.default_rng(13)
     big = float(np.finfo(np.float32).max) if dtype == NUMPY_BF16 else 65504.0
     broken = 0
@@ -396,7 +401,7 @@ def test_lean_quad_min_max_equals_default(dtype):
             lanes[rng.integers(4), rng.integers(16), rng.integers(2)] = big
         mn, mx = quad_min_max_lean(lanes)
         assert (mn == mn[0]).all() | np.isnan(mn).all() and ((mx == mx[0]).all() | np.isnan(mx).all())
-        dmn, dmx, flag_l = quad_min_max_default(lanes)
+        dmn, dmx, flag_l = quad_min_max_plain(lanes)
         with np.errstate(over="ignore", invalid="ignore"):
             quad_flag = not (np.float32(mx[0] - mn[0]) <= np.float32(3.402823466e38))
         if flag_l.any():

@@ -158,17 +158,19 @@ def test_wgmma_prefill_sass(monkeypatch):
         assert "BAR.ARV" in f  # ping-pong handshakes
 
 
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
-def test_int4_write_lean_compiles_without_spills(arch, monkeypatch):
-    """-DKVLAB_INT4_WRITE_LEAN (the session-7 MMA8 tail, docs/notes-int4-write-mma.md): every
-    reshape_and_cache instantiation compiles without spills; the d = 128 16-bit int4 kernels keep
-    sm_90's 80 registers (3 blocks/SM), and their cubin has no __frcp_rn slow path any more."""
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_INT4_WRITE_LEAN")
+def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
+    """The MMA8 int4 write's tail, the lean one (the default since session 7,
+    docs/notes-int4-write-mma.md) and the previous one (-DKVLAB_INT4_WRITE_PLAIN_TAIL): every
+    reshape_and_cache instantiation compiles without spills, and the d = 128 16-bit int4
+    kernels keep sm_90's 80 registers (3 blocks/SM)."""
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("reshape_and_cache", arch)
     assert len(reports) == len(loader.FAMILIES["reshape_and_cache"])
     bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
            if r.spill_stores or r.spill_loads or r.stack_frame]
-    assert not bad, f"spills with -DKVLAB_INT4_WRITE_LEAN on {arch}: {bad}"
+    assert not bad, f"spills with {opts!r} on {arch}: {bad}"
     if arch == "sm_90":
         regs = {r.name_expression: r.registers for r in reports}
         for t in ("__nv_bfloat16", "__half"):
@@ -176,8 +178,9 @@ def test_int4_write_lean_compiles_without_spills(arch, monkeypatch):
 
 
 def test_int4_write_lean_rcp_has_no_slow_path(monkeypatch):
-    """rcp_rn_scale is __frcp_rn's fast path only: the lean d = 128 kernel's cubin names no
-    reciprocal slow path, the default one does (the test's own control)."""
+    """rcp_rn_scale is __frcp_rn's fast path only: the default (lean) d = 128 kernel's cubin names
+    no reciprocal slow path, -DKVLAB_INT4_WRITE_PLAIN_TAIL's (__frcp_rn) does (the test's own
+    control); -DKVLAB_INT4_WRITE_LEAN, the lean tail's A/B name, builds the default."""
     import io
 
     from cupy.cuda import compiler
@@ -190,5 +193,7 @@ def test_int4_write_lean_rcp_has_no_slow_path(monkeypatch):
         out, _ = prog.compile(loader.compile_options() + ("-arch=sm_90", "-ftz=true"), log_stream=io.StringIO())
         return bytes(out)
 
-    assert b"rcp_rn" in cubin("")
-    assert b"rcp_rn" not in cubin("-DKVLAB_INT4_WRITE_LEAN")
+    assert b"rcp_rn" in cubin("-DKVLAB_INT4_WRITE_PLAIN_TAIL")
+    default = cubin("")
+    assert b"rcp_rn" not in default
+    assert cubin("-DKVLAB_INT4_WRITE_LEAN") == default
