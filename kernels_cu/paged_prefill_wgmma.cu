@@ -108,6 +108,8 @@ __device__ __forceinline__ void setmaxnreg_inc() {
 }
 constexpr int WS_BAR_Q = 1;      // consumers: query rows staged (256 threads)
 constexpr int WS_BAR_TURN = 2;   // + consumer warpgroup (0, 1): its turn to issue wgmma (256)
+constexpr int WS_BAR_EPI = 4;    // consumers: the epilogue's two barriers (256; not __syncthreads,
+                                 // which the producer, gone by then, would have to reach too)
 }  // namespace
 
 // Dynamic shared memory: WS_NS stages of (K tile, V tile, 2·64 floats of per-token scales), then
@@ -249,8 +251,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         }
       }
     }
-    __syncthreads();  // the two barriers of the consumers' epilogue (pf_epilogue)
-    __syncthreads();
+    // done: the consumers' epilogue reuses the ring for output rows on a named barrier of their
+    // own (every stage was written and waited for: no producer store is outstanding)
   } else {
     // ------------------------------------------------------------------ consumer warpgroups
     setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
@@ -369,7 +371,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       pofs = sofs;
     }
 
-    pf_epilogue<FMT, D, T, WG_ROWS, WS_CW, SM::ORS>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
+    pf_epilogue<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
                                                     cw, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
   }
 }

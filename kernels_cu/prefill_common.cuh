@@ -436,8 +436,19 @@ __device__ __forceinline__ void pf_p_operand(uint32_t (&pa)[4], const float (&s)
 // Epilogue: row sums across the 4 lanes of a row, output rows (acc: rows r0 / r1 of the warp,
 // acc[j][0..1] = row r0, stored dims 8j + 2c, +1) through shared memory o_sm (ROWS x ORS
 // floats; the caller's tile buffers, free once every thread passed the barrier here) for the
-// int4 inverse rotation and the dim order, then out. Contains two __syncthreads.
-template <int FMT, int D, typename T, int ROWS, int NWARPS, int ORS, int ON>
+// int4 inverse rotation and the dim order, then out. Contains two CTA barriers: __syncthreads
+// (BAR = 0), or, for a kernel whose other warps do not take part (the warp-specialised wgmma
+// kernel's producer), named barrier BAR over the NWARPS calling warps. __syncthreads is an
+// aligned barrier: every thread of the CTA must reach the same instruction.
+template <int BAR, int NWARPS>
+__device__ __forceinline__ void pf_cta_barrier() {
+  if constexpr (BAR == 0) {
+    __syncthreads();
+  } else {
+    asm volatile("bar.sync %0, %1;\n" ::"n"(BAR), "n"(NWARPS * 32) : "memory");
+  }
+}
+template <int FMT, int D, typename T, int ROWS, int NWARPS, int ORS, int BAR = 0, int ON>
 __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0, float l1, float* o_sm,
                                             T* __restrict__ out, int r0, int r1, int c, int warp, int lane,
                                             int nrow, int tok0, int G, int qs, int num_q_heads, int kvh,
@@ -448,7 +459,7 @@ __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0,
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
   const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
   if constexpr (FMT == AUTO) cp_async_wait<0>();
-  __syncthreads();  // tile buffers -> output rows
+  pf_cta_barrier<BAR, NWARPS>();  // tile buffers -> output rows
 #pragma unroll
   for (int j = 0; j < ON; ++j) {
     if constexpr (unit_identity<FMT>()) {
@@ -464,7 +475,7 @@ __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0,
       }
     }
   }
-  __syncthreads();
+  pf_cta_barrier<BAR, NWARPS>();
   for (int r = warp; r < nrow; r += NWARPS) {
     float x[E];
 #pragma unroll
