@@ -57,15 +57,17 @@ __device__ __forceinline__ float warp_sum(float v, unsigned mask = 0xffffffffu) 
   return v;
 }
 
-// Reductions over groups of WIDTH consecutive lanes (WIDTH a power of two <= 32).
-template <int WIDTH> __device__ __forceinline__ float group_max(float v) {
+// Reductions over groups of WIDTH consecutive lanes (WIDTH a power of two <= 32). ``mask``: the
+// lanes that execute the call (all of the warp unless a caller is inside a branch that only some
+// groups take; a shuffle whose mask names a lane that never arrives hangs the warp).
+template <int WIDTH> __device__ __forceinline__ float group_max(float v, unsigned mask = 0xffffffffu) {
 #pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(mask, v, o));
   return v;
 }
-template <int WIDTH> __device__ __forceinline__ float group_min(float v) {
+template <int WIDTH> __device__ __forceinline__ float group_min(float v, unsigned mask = 0xffffffffu) {
 #pragma unroll
-  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = WIDTH / 2; o > 0; o >>= 1) v = fminf(v, __shfl_xor_sync(mask, v, o));
   return v;
 }
 template <int WIDTH> __device__ __forceinline__ float group_sum(float v) {

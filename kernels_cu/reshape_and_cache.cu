@@ -968,8 +968,10 @@ __device__ __forceinline__ void quantize_store_int4_lean(typename Pair<T>::V (&p
         for (int j = 0; j < EPT; ++j) x[j] = fminf(fmaxf(__fmul_rn(x[j], 1024.0f), -BIG), BIG);
         round_minmax<T, EPT>(x, lmn, lmx);
       }
-      mn = group_min<LANES>(lmn);
-      mx = group_max<LANES>(lmx);
+      // quad-masked: only the quads whose range overflowed are in this branch (H200, session 7:
+      // full-warp shuffles here hung the warp on tests/gpu/test_degenerate_gpu.py's rows)
+      mn = group_min<LANES>(lmn, gmask);
+      mx = group_max<LANES>(lmx, gmask);
     }
     round_pack<T, EPT>(x, pk);  // exact: x is rounded to T (pk is not live across the rare path)
     rng = fminf(__fsub_rn(mx, mn), FMAX);
