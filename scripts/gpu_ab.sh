@@ -75,8 +75,8 @@ if [ -n "${BENCH:-}" ]; then
   IFS=';' read -r -a benches <<< "$BENCH"
   for b in "${benches[@]}"; do
     IFS='|' read -r name opts args benv <<< "$b"
+    if [ "$(left)" -lt 20 ]; then echo "bench $name: not started (deadline)"; continue; fi
     lim=$(left); [ "$lim" -gt "${T_BENCH:-200}" ] && lim=${T_BENCH:-200}
-    if [ "$lim" -lt 30 ]; then echo "bench $name: not started (deadline)"; continue; fi
     # shellcheck disable=SC2086
     eval "env ${BENCH_ENV:-} ${benv:-} KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout $lim python3 -m kvlab bench $args --out \"$OUT/bench_$name\"" \
       > "$OUT/bench_$name.log" 2>&1 || { echo "bench $name failed or timed out:"; tail -3 "$OUT/bench_$name.log"; }
