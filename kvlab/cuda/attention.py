@@ -34,10 +34,11 @@ plan/run:
   ``decode_variant`` argument wins over it).
 * Prefill work runs on one of two kernels of the same work list and semantics
   (``prefill_variant``): ``"mma"`` — ``paged_attention_prefill``, mma.sync + ldmatrix, any
-  sm_80+ GPU; ``"wgmma"`` — ``paged_attention_prefill_wgmma``, Hopper warpgroup MMA, compute
+  sm_80+ GPU; ``"wgmma"`` — ``paged_attention_prefill_wgmma``, Hopper warpgroup MMA,
+  warp-specialised (a producer warpgroup decodes the cache into a shared-memory ring), compute
   capability 9.0 only (asking for it elsewhere raises ``ValueError`` when the plan is built);
-  ``"auto"`` (default) — ``"wgmma"`` on compute capability 9.0, where it measured 18–23 % faster
-  than ``"mma"`` on the H200, ``"mma"`` elsewhere. The environment variable
+  ``"auto"`` (default) — ``"wgmma"`` on compute capability 9.0, where it took 16–43 % less time
+  than ``"mma"`` on the H200 (session 7's prefill grid), ``"mma"`` elsewhere. The environment variable
   ``KVLAB_PREFILL_VARIANT`` overrides the default (an explicit argument wins over it).
 * :meth:`AttentionPlan.run` launches the kernels on the caller's stream. A model
   runs one plan for all its layers (the metadata is the same), which is why the
@@ -91,7 +92,7 @@ PF_WARPS = 8                     # warps per prefill CTA (kernels_cu/paged_prefi
 PF_ROWS = 128                    # query rows per prefill CTA (PF_ROWS in paged_prefill.cu)
 PREFILL_MIN_ROWS = 32            # a sequence with >= this many (token, head) rows per KV head uses it
 PREFILL_VARIANTS = ("auto", "mma", "wgmma")
-DEFAULT_PREFILL_VARIANT = "auto"  # "wgmma" on compute capability 9.0 (18-23 % faster on the H200), else "mma"
+DEFAULT_PREFILL_VARIANT = "auto"  # "wgmma" on compute capability 9.0 (16-43 % less time on the H200), else "mma"
 
 SPECS = register(FAMILY, [
     *[KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
