@@ -317,6 +317,12 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       named_bar_sync(my_turn, 256);
       const bool pass = !(cwg == 1 && k == ntiles);  // the last turn goes nowhere: counts match
 #endif
+      // hand the tensor cores to the other consumer warpgroup (right after this one's commit)
+      auto hand_over = [&]() {
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+      };
       // issue and wait in the same branch (ptxas serialises wgmma otherwise, C7518)
       if (pact && sact) {
         wg::reg_fence(acc);
@@ -324,9 +330,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         issue_pv(pofs);
         issue_s(sofs);
         wg::commit();
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
+        hand_over();
         wg::wait<0>();
         wg::reg_fence(acc);
         wg::reg_fence(s);
@@ -335,24 +339,18 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         wg::fence();
         issue_pv(pofs);
         wg::commit();
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
+        hand_over();
         wg::wait<0>();
         wg::reg_fence(acc);
       } else if (sact) {
         wg::fence();
         issue_s(sofs);
         wg::commit();
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
+        hand_over();
         wg::wait<0>();
         wg::reg_fence(s);
       } else {
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
+        hand_over();
       }
       if (k > 0) {
         __syncwarp();
