@@ -23,6 +23,8 @@
 //         (reshape_and_cache_int4_mma). docs/notes-int4-write-mma.md. MMA8's tail is the lean
 //         one since session 7 (quantize_store_int4_lean, H200 65,536 tok x 8 heads x 128 bf16:
 //         0.1060 vs 0.1122 ms); -DKVLAB_INT4_WRITE_PLAIN_TAIL builds the previous one for A/B.
+//         -DKVLAB_INT4_WRITE_LEAN2 (experiment, session 8, unmeasured): the same write and bytes
+//         with cheaper index math (float-reciprocal divisions) and zero point.
 // At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
 // ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
 // adds instead), no per-element IEEE division (nvfp4: a 2-instruction exact division by an
@@ -75,6 +77,12 @@
 #endif
 #if defined(KVLAB_INT4_WRITE_MMA8) && !defined(KVLAB_INT4_WRITE_PLAIN_TAIL) && !defined(KVLAB_INT4_WRITE_LEAN)
 #define KVLAB_INT4_WRITE_LEAN
+#endif
+// -DKVLAB_INT4_WRITE_LEAN2 (experiment, session 8): the lean MMA8 write with fewer per-thread and
+// per-row instructions (exact float-reciprocal divisions for the token/head and block/slot
+// indices, a 32-bit row index, one instruction less in the zero point); the same bytes.
+#if defined(KVLAB_INT4_WRITE_LEAN2) && !(defined(KVLAB_INT4_WRITE_MMA8) && defined(KVLAB_INT4_WRITE_LEAN))
+#error "KVLAB_INT4_WRITE_LEAN2 builds on the lean MMA8 write: not with _MMA, _CUDA_CORES or _PLAIN_TAIL"
 #endif
 #if defined(KVLAB_INT4_WRITE_MMA) || defined(KVLAB_INT4_WRITE_MMA8)
 #include "int4_write_mma.cuh"
@@ -860,7 +868,16 @@ __device__ __forceinline__ Int4Params int4_qparams_lean(float rng, float mn, flo
   const float x = -mn;
   const float q0 = __fmul_rn(x, p.inv_scale);
   const float q = fabsf(q0) < 16.0f ? fmaf(fmaf(-p.scale, q0, x), p.inv_scale, q0) : q0;
+#if defined(KVLAB_INT4_WRITE_LEAN2)
+  // clamp(round_half_away(q), 0, 15) as min(trunc(RZ(max(q, 0) + 0.5)), 15): for q >= 0 the same
+  // operations (roundf = trunc(RZ(q + copysign(0.5, q)))); for q < 0 (and -inf) both give 0
+  // (round_half_away(q) <= -0, then max(., 0)); +inf gives 15 either way. q is never NaN where
+  // the word is used (a NaN range is the rare path's invalid row). No copysign LOP3.
+  // tests/test_int4_write_variants.py (lean2_zero_point) checks it against the default's formula.
+  const float z = fminf(truncf(__fadd_rz(fmaxf(q, 0.0f), 0.5f)), 15.0f);
+#else
   const float z = fminf(fmaxf(round_half_away(q), 0.0f), 15.0f);
+#endif
   p.zp = z;
   p.word = (__float_as_uint(p.scale) & 0xFFFFFFF0u) | static_cast<uint32_t>(z);
   zph = __fadd_rn(z, 0.49999997f);  // pred(0.5) = 0.5 - 2^-25
@@ -1033,6 +1050,56 @@ __device__ __forceinline__ void rotate_encode_store_int4_mma8(const uint4 (&raw)
 #endif
 }
 
+#if defined(KVLAB_INT4_WRITE_LEAN2)
+// floor(n / d) for n < 2^21, 1 <= d < 2^32, exact, without a correction step: trunc(RN((n + 1/2)·rd))
+// with rd = rcp.approx(d), 6 instructions (I2F, MUFU.RCP, FMUL, I2F, FFMA, F2I; the first three
+// depend on d only) instead of the C++ 64-bit division's inline 32-bit path (~25 with its range
+// test; its out-of-line 64-bit subroutine serves the other cases: div_s64_call).
+// Proof: float(d), float(n) are exact (< 2^24); rcp.approx.ftz.f32 has at most 1 ulp error (PTX
+// ISA), so rd = (1/d)(1 + e1), |e1| <= 2^-23; hrd = rd/2 exactly; p = RN(n·rd + hrd) (one FFMA) =
+// ((n + 1/2)/d)(1 + e1)(1 + e2), |e2| <= 2^-24, so |p - (n + 1/2)/d| < ((n + 1/2)/d)·1.5·2^-23·(1 + 2^-23)
+// < (1/2)/d because n + 1/2 < 2^21 + 1/2 < 2^23 / 3. With q = floor(n/d), (n + 1/2)/d lies in
+// [q + (1/2)/d, q + 1 - (1/2)/d], so p lies strictly inside (q, q + 1) and trunc(p) = q. For
+// d >= 2^24 (float(d) rounded: one more 2^-24, |p - (n + 1/2)/d| < 2^-21·(n + 1/2)/d) n < 2^21 <= d/8
+// gives (n + 1/2)/d < 1/8 + 2^-25, so p < 1 and trunc(p) = 0 = q.
+// tests/test_int4_write_variants.py (lean2_udiv) emulates it with rd moved by -1, 0, +1 ulp.
+__device__ __forceinline__ unsigned udiv_small(unsigned n, unsigned d) {
+  float rd;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rd) : "f"(__uint2float_rn(d)));
+  return __float2uint_rz(__fmaf_rn(__uint2float_rn(n), rd, 0.5f * rd));
+}
+// floor(n / d) for every n < 2^32, 1 <= d < 2^32, exact, in 10 instructions (I2F, MUFU.RCP, F2F.F64,
+// I2F.F64, 2 DFMA, DMUL, I2F.F64, DFMA, F2I.F64; the first seven depend on d only): udiv_small with
+// one Newton step in float64 from the float32 reciprocal, for the cache's slots (caches beyond
+// 2^21 slots are common for int4).
+// Proof: float(d) = d(1 + e0), |e0| <= 2^-24; rcp.approx.ftz.f32 is within 1 ulp, so r0 = (double)rf =
+// (1/d)(1 + f), |f| <= 2^-23 + 2^-24 + 2^-47 < 2^-22.4. d·r0 = 1 + f exactly, so e = RN(1 - d·r0) =
+// -f(1 + g1) and r1 = RN(r0 + r0·e) = (1/d)(1 + f)(1 - f - f·g1)(1 + g2) = (1/d)(1 + f1) with
+// |f1| <= f^2 + |f|·2^-53 + 2^-53 + (smaller) < 2^-44.7 (|g1|, |g2| <= 2^-53). hr = r1/2 exactly; p =
+// RN(n·r1 + hr) = ((n + 1/2)/d)(1 + f1)(1 + g3), so |p - (n + 1/2)/d| < ((n + 1/2)/d)·2^-44.6 < (1/2)/d
+// for n < 2^43: trunc(p) = floor(n/d) as in udiv_small. All float64 values are normal, the
+// conversions of n and d to float64 exact.
+// tests/test_int4_write_variants.py (lean2_udiv_wide) emulates it exactly (fractions) with rf
+// moved by -1, 0, +1 ulp.
+__device__ __forceinline__ unsigned udiv_wide(unsigned n, unsigned d) {
+  float rf;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rf) : "f"(__uint2float_rn(d)));
+  double r0;  // (cvt without .ftz: -ftz=true would add an FMUL by 1 to flush rf, which is normal)
+  asm("cvt.f64.f32 %0, %1;" : "=d"(r0) : "f"(rf));
+  const double dd = static_cast<double>(d);
+  const double r1 = __fma_rn(r0, __fma_rn(-dd, r0, 1.0), r0);
+  return __double2uint_rz(__fma_rn(static_cast<double>(n), r1, 0.5 * r1));
+}
+// a / b (64-bit signed, truncating, as C++'s /) by PTX div.s64: ptxas calls its out-of-line
+// subroutine, without the inline 32-bit path NVVM adds to a C++ 64-bit division (udiv_small
+// takes the cases that path would serve, up to its range)
+__device__ __forceinline__ long long div_s64_call(long long a, long long b) {
+  long long q;
+  asm("div.s64 %0, %1, %2;" : "=l"(q) : "l"(a), "l"(b));
+  return q;
+}
+#endif
+
 // The whole int4 write with rht_mma8_row: the base kernel's rows and lanes (group = thread / 4,
 // lane c of the quad = lig), two changes around the rotation that cut per-thread instructions:
 // the loads address one base pointer with immediate offsets, and the grid tail (token >=
@@ -1047,9 +1114,25 @@ __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict_
   using G = Int4Geometry<D, T>;
   constexpr int LANES = G::LANES, VEC = G::VEC, NC = G::NC;
   const int lig = threadIdx.x & (LANES - 1);
+#if defined(KVLAB_INT4_WRITE_LEAN2)
+  const unsigned long long gthread = static_cast<unsigned long long>(blockIdx.x) * blockDim.x + threadIdx.x;
+  long long token;
+  int h;
+  // groups below 2^21 (udiv_small's range): every launch up to 2 M rows
+  if (gthread < (1ull << 23)) {
+    const unsigned g = static_cast<unsigned>(gthread) / LANES, q = udiv_small(g, static_cast<unsigned>(H));
+    token = q;
+    h = static_cast<int>(g - q * static_cast<unsigned>(H));
+  } else {
+    const long long group = static_cast<long long>(gthread / LANES);
+    token = div_s64_call(group, H);
+    h = static_cast<int>(group - token * H);
+  }
+#else
   const long long group = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) / LANES;
   const long long token = group / H;
   const int h = static_cast<int>(group - token * H);
+#endif
   const bool valid = token < num_tokens;
   long long slot = -1;
   if (valid) slot = slot_mapping[token];
@@ -1063,11 +1146,34 @@ __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict_
     rk[c] = __ldg(reinterpret_cast<const uint4*>(ksrc) + c * LANES);
     rv[c] = __ldg(reinterpret_cast<const uint4*>(vsrc) + c * LANES);
   }
+#if defined(KVLAB_INT4_WRITE_LEAN2)
+  constexpr long long ROW = row_bytes<FMT_INT4>(D);
+  const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
+  // the K row's index in ROW-byte rows: blk·2·block_size·H + t·H + h = (slot + blk·block_size)·H + h
+  // (slot = blk·block_size + t), the default's byte offset / ROW (the same pointer, mod 2^64)
+  // A skipped row (slot < 0) takes the first branch too: its ridx is garbage and unused (it stores
+  // nothing; the default's row there is h·ROW, also unused).
+  unsigned long long ridx;
+  if (slot < (1ll << 31)) {  // every cache below 2^31 slots: slot + blk·block_size <= 2·slot < 2^32
+    const unsigned sl = static_cast<unsigned>(slot), bs = static_cast<unsigned>(block_size);
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 800 || __CUDA_ARCH__ == 900)
+    const unsigned blk = udiv_wide(sl, bs);  // float64 at half the float32 rate (A100, H100/H200)
+#else
+    const unsigned blk = sl / bs;  // elsewhere float64 is slow: the compiler's 32-bit division
+#endif
+    ridx = static_cast<unsigned long long>(sl + blk * bs) * static_cast<unsigned>(H) + static_cast<unsigned>(h);
+  } else {
+    const long long blk = div_s64_call(slot, block_size);
+    ridx = static_cast<unsigned long long>((slot + blk * block_size) * H + h);
+  }
+  uint8_t* row_k = cache + ridx * ROW;
+#else
   const long long blk = active ? slot / block_size : 0;
   const int t = active ? static_cast<int>(slot - blk * block_size) : 0;
   constexpr long long ROW = row_bytes<FMT_INT4>(D);
   const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
   uint8_t* row_k = cache + blk * 2 * side_bytes + (static_cast<long long>(t) * H + h) * ROW;
+#endif
   rotate_encode_store_int4_mma8<D, T>(rk, active, lig, row_k, ksrc);
   rotate_encode_store_int4_mma8<D, T>(rv, active, lig, row_k + side_bytes, vsrc);
 }

@@ -3,6 +3,7 @@
     python scripts/int4_write_hot_count.py                       # bf16 + fp16, d = 128, sm_90
     python scripts/int4_write_hot_count.py --arch sm_80 --dump hot.sass
     KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_PLAIN_TAIL python scripts/int4_write_hot_count.py  # the pre-session-7 tail
+    KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_LEAN2 python scripts/int4_write_hot_count.py       # session 8 experiment
 
 The counting method of sessions 4-6, made a script: compile ``reshape_and_cache<3, 128, T,
 false>`` from a copy of ``reshape_and_cache.cu`` in which the rare path (``if
@@ -11,7 +12,9 @@ false>`` from a copy of ``reshape_and_cache.cu`` in which the rare path (``if
 (``noclamp`` -> ``true``) are compiled out, and count the instructions up to and including the
 last EXIT (so the inline parts of divisions and their never-taken slow-path branches are counted,
 the out-of-line slow-path subroutines after the last EXIT are not). Divided by the 64 elements (K
-and V) of a thread. Also prints the opcode mix of that range and the real build's registers.
+and V) of a thread. Also prints the opcode mix of that range and the hot build's registers, and
+an estimate of the instructions a thread executes on the common path (executed_path: the blocks
+that only set up the 64-bit division's subroutine call are skipped).
 """
 from __future__ import annotations
 
@@ -72,6 +75,49 @@ def hot_range(sass: str) -> list:
     return ins[:last_exit + 1]
 
 
+def executed_path(sass: str) -> int:
+    """Instructions a thread executes on the common path of the hot build (an estimate): the
+    longest path from the start to an unpredicated EXIT that calls nothing (the 64-bit division's
+    out-of-line subroutine is never called at these sizes; "longest" picks the active row's index
+    work over the skipped row's shortcut); predicated instructions count as executed."""
+    lines = sass.splitlines()
+    start = next(i for i, ln in enumerate(lines) if sass_stats._FN.match(ln))
+    ins, labels = [], {}
+    for ln in lines[start + 1:]:
+        if sass_stats._FN.match(ln):
+            break
+        m = sass_stats._LABEL.match(ln.strip())
+        if m:
+            labels[m.group(1)] = len(ins)
+            continue
+        m = sass_stats._INS.search(ln)
+        if m:
+            ins.append((m.group(2) or "", m.group(3), m.group(4)))
+    memo: dict = {}
+    for i in range(len(ins) - 1, -1, -1):  # forward branches only: each index's value from later ones
+        pred, op, args = ins[i]
+        if op.startswith("CALL"):
+            memo[i] = float("-inf")
+            continue
+        if op.startswith("EXIT") and not pred:
+            memo[i] = 1
+            continue
+        nxt = memo.get(i + 1, float("-inf"))
+        if op.startswith("BRA"):
+            tgt = labels[re.search(r"\.(L_x_\d+)", args).group(1)]
+            if tgt <= i:
+                memo[i] = float("-inf")  # a backward branch: only in the subroutines after the EXIT
+                continue
+            taken = memo.get(tgt, float("-inf"))
+            unconditional = not pred and not re.match(r"\s*!?U?P\d", args)
+            memo[i] = 1 + (taken if unconditional else max(taken, nxt))
+        else:
+            memo[i] = 1 + nxt
+    n = memo[0]
+    assert n != float("-inf"), "no call-free path"
+    return int(n)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arch", default="sm_90")
@@ -90,6 +136,9 @@ def main() -> None:
         n = len(body)
         print(f"== {expr} {args.arch} (hot build: {regs} registers, {spills}): {n} instructions up to the last "
               f"EXIT = {n / args.elements:.2f} per element")
+        ex = executed_path(sass)
+        print(f"   executed on the common path (estimate, executed_path): "
+              f"{ex} = {ex / args.elements:.2f} per element")
         cls = collections.Counter(sass_stats.op_class(op) for _, op, _, _ in body)
         print("   by class: " + ", ".join(f"{k} {v}" for k, v in cls.most_common()))
         print("   by opcode: " + ", ".join(f"{k} {v}" for k, v in mix.most_common()))

@@ -13,6 +13,10 @@ quantize_store_int4<…, BYTE_CODES, ZP_RECIP>, called "the plain tail" here:
   way): the zero point's division as Markstein's correction, with exact arithmetic, against the
   float32 division.
 
+* ``-DKVLAB_INT4_WRITE_LEAN2`` (session 8 experiment, end of the file): udiv_small / udiv_wide (the
+  index divisions by float reciprocals) against integer division, the row index against the
+  default's byte offset, the zero point's rounding against the default's.
+
 (The shared-memory exchange variant of session 5, unmeasured, is on branch
 ``experiment/int4-write-variants`` with its emulation.)
 """
@@ -439,3 +443,226 @@ def test_lean_emulation_is_the_kernels():
                  "const bool flag = !(__fsub_rn(lmx, lmn) <= FMAX);",
                  '"fma.rn.f32 e, ns, r, 0f3F800000;\\n\\t"'):
         assert line in SRC, line
+
+
+# ----------------------------------------------------------------------------- -DKVLAB_INT4_WRITE_LEAN2
+# The session-8 experiment (reshape_and_cache.cu, `#if defined(KVLAB_INT4_WRITE_LEAN2)`): the same
+# cache bytes as the default with fewer instructions outside the per-element work — udiv_small for
+# token/head (float reciprocal, no correction step), udiv_wide for block/slot (the same with one
+# float64 Newton step), the K row's index (slot + blk·block_size)·H + h, and the zero point's
+# rounding without the copysign.
+def lean2_udiv(n: np.ndarray, d: int, rd_step: int = 0, half: bool = True) -> np.ndarray:
+    """udiv_small: trunc(RN_f32(n·rd + rd/2)) (one FFMA), rd = rcp.approx(d) = RN(1/d) moved by
+    rd_step ulps (rcp.approx.ftz.f32 is within 1 ulp: -1, 0, +1 cover every value it may return).
+    half=False drops the +rd/2 (a broken variant). n·rd + rd/2 = rd·(2n + 1)/2 has at most 46
+    significant bits, so float64 holds it exactly and its cast to float32 is the single rounding."""
+    rd = np.float32(1.0) / np.float32(d)
+    for _ in range(abs(rd_step)):
+        rd = np.nextafter(rd, np.float32(np.inf if rd_step > 0 else 0.0))
+    rd = np.float64(rd)
+    nf = n.astype(np.float64)
+    p = (nf * rd + (rd / 2 if half else 0.0)).astype(np.float32)
+    return np.trunc(p.astype(np.float64)).astype(np.int64)
+
+
+LEAN2_N_MAX = 1 << 21   # udiv_small's range: n < 2^21, 1 <= d < 2^32
+
+
+def lean2_divisors() -> list:
+    rng = np.random.default_rng(21)
+    ds = list(range(1, 1025)) + [(1 << k) + e for k in range(10, 24) for e in (-1, 0, 1) if (1 << k) + e < 1 << 24]
+    ds += [int(v) for v in rng.integers(1025, 1 << 24, 300)] + [(1 << 24) - 1, 3 * 5 * 7 * 11 * 13 * 17, 999_983]
+    ds += [(1 << 24) + 1, (1 << 25) + 3, (1 << 31) - 1, (1 << 32) - 1] + [int(v) for v in rng.integers(1 << 24, 1 << 32, 20)]
+    return sorted(set(ds))
+
+
+def lean2_udiv_failures(n_max: int = LEAN2_N_MAX, half: bool = True, ds=None) -> int:
+    """Wrong quotients of udiv_small over: every n at and next to each multiple of d near the top of
+    [0, n_max) and at the bottom, and random n, for each divisor and each rd in RN(1/d) ± 1 ulp."""
+    rng = np.random.default_rng(22)
+    bad = 0
+    for d in (ds or lean2_divisors()):
+        kmax = (n_max - 1) // d
+        ks = np.unique(np.concatenate([np.arange(0, min(kmax, 2000) + 1),
+                                       np.arange(max(0, kmax - 2000), kmax + 1),
+                                       rng.integers(0, kmax + 1, 2000)]))
+        n = np.concatenate([ks * d - 1, ks * d, ks * d + 1, ks * d + d - 1, rng.integers(0, n_max, 2000)])
+        n = np.unique(n[(n >= 0) & (n < n_max)])
+        for step in (-1, 0, 1):
+            bad += int(np.count_nonzero(lean2_udiv(n, d, step, half) != n // d))
+    return bad
+
+
+def test_lean2_udiv_is_exact_in_its_range():
+    """udiv_small(n, d) = floor(n / d) for n < 2^21 and 1 <= d < 2^32, whichever value within 1 ulp
+    of 1/float(d) the hardware reciprocal returns: every divisor up to 1024, powers of two ± 1 up to
+    2^24, 300 random ones, and divisors beyond 2^24 (float(d) rounded); at each, every multiple's
+    neighbours at both ends of the range and random n."""
+    assert lean2_udiv_failures() == 0
+
+
+@pytest.mark.parametrize("d", [1, 2, 3, 7, 8, 68, 1000, (1 << 21) - 1, (1 << 24) - 1])
+def test_lean2_udiv_exhaustive(d):
+    """Every n in [0, 2^21) for a few divisors (the token/head split at H = 1, 2, 8; block sizes)."""
+    n = np.arange(LEAN2_N_MAX, dtype=np.int64)
+    for step in (-1, 0, 1):
+        assert np.array_equal(lean2_udiv(n, d, step), n // d), (d, step)
+
+
+def test_lean2_udiv_perturbations_fail():
+    """The emulation can fail: without the +rd/2 the quotient of n = k·d is k - 1 when rd is below
+    1/d; far beyond the range (n up to 2^24) the single rounding is no longer enough."""
+    assert lean2_udiv_failures(half=False, ds=[3, 7, 10, 1000]) > 0
+    n = np.arange(1 << 23, (1 << 24), 3, dtype=np.int64)
+    assert any(np.count_nonzero(lean2_udiv(n, d, s) != n // d) for d in (3, 5, 7, 11) for s in (-1, 1))
+
+
+def lean2_udiv_wide(n: int, d: int, rf_step: int = 0, newton: bool = True, half: bool = True) -> int:
+    """udiv_wide, exactly (fractions): rf = rcp.approx.f32(float32(d)) = RN(1/float32(d)) moved by rf_step
+    ulps; r0 = (double)rf; e = RN64(1 - d·r0); r1 = RN64(r0 + r0·e) (DFMA: one rounding each);
+    p = RN64(n·r1 + r1/2); trunc(p). newton=False keeps r1 = r0, half=False drops r1/2 (broken)."""
+    from fractions import Fraction as F  # noqa: PLC0415
+
+    rf = np.float32(1.0) / np.float32(d)
+    for _ in range(abs(rf_step)):
+        rf = np.nextafter(rf, np.float32(np.inf if rf_step > 0 else 0.0))
+    r0 = float(rf)
+    r1 = r0
+    if newton:
+        e = float(1 - F(d) * F(r0))
+        r1 = float(F(r0) + F(r0) * F(e))
+    p = float(F(n) * F(r1) + (F(r1) / 2 if half else 0))
+    return int(p)
+
+
+def lean2_wide_cases(seed: int = 25, per_d: int = 24):
+    rng = np.random.default_rng(seed)
+    ds = [1, 2, 3, 5, 7, 16, 17, 32, 68, 255, 256, 257, 1000, 4095, 65537, (1 << 24) - 1, (1 << 24) + 1,
+          (1 << 31) - 1] + [int(v) for v in rng.integers(2, 1 << 31, 12)]
+    for d in ds:
+        top = (1 << 32) - 1
+        ks = [top // d, top // d - 1, (1 << 31) // d, (1 << 31) // d + 1, 1, 0] + \
+             [int(v) for v in rng.integers(0, top // d + 1, per_d)]
+        ns = {k * d + o for k in ks for o in (-1, 0, 1, d - 1)} | {int(v) for v in rng.integers(0, 1 << 32, 8)}
+        yield d, sorted(n for n in ns if 0 <= n <= top)
+
+
+def test_lean2_udiv_wide_is_exact():
+    """udiv_wide(n, d) = floor(n / d) for every n < 2^32 (the kernel uses it below 2^31), 1 <= d < 2^31,
+    whichever float32 reciprocal within 1 ulp the hardware returns: multiples' neighbours at the top
+    of the range, at 2^31 and at the bottom, random n, for small, power-of-two-adjacent, prime-ish
+    and random divisors."""
+    bad = [(n, d, st) for d, ns in lean2_wide_cases() for n in ns for st in (-1, 0, 1)
+           if lean2_udiv_wide(n, d, st) != n // d]
+    assert not bad, bad[:5]
+
+
+def test_lean2_udiv_wide_perturbations_fail():
+    """Without the Newton step (the float32 reciprocal alone) or without the +r1/2, wrong quotients
+    appear in the same cases."""
+    cases = list(lean2_wide_cases(26, 8))
+    assert any(lean2_udiv_wide(n, d, st, newton=False) != n // d for d, ns in cases for n in ns for st in (-1, 1))
+    assert any(lean2_udiv_wide(n, d, st, half=False) != n // d for d, ns in cases for n in ns for st in (-1, 1))
+
+
+def test_lean2_row_index_is_the_defaults_offset():
+    """row_k: the default's blk·2·side_bytes + (t·H + h)·ROW equals (slot + blk·bs)·H + h rows of
+    ROW bytes mod 2^64 (the LEAN2 fast path computes the first factor in 32 bits: < 2^22 there)."""
+    rng = np.random.default_rng(23)
+    ROW = 68
+    M = (1 << 64) - 1
+    cases = [(int(s), int(bs), int(H)) for s, bs, H in zip(rng.integers(0, 1 << 40, 3000), rng.integers(1, 1 << 20, 3000),
+                                                             rng.integers(1, 1 << 12, 3000))]
+    cases += [(s, bs, H) for s in (0, 1, 15, 16, 17, (1 << 21) - 1, (1 << 31) - 1) for bs in (1, 16, 17, 256, (1 << 24) - 1)
+              for H in (1, 8, 64, (1 << 24) - 1)]
+    for s, bs, H in cases:
+        blk, t = divmod(s, bs)
+        h = (s * 7 + 3) % H
+        side = bs * H * ROW
+        default = (blk * 2 * side + (t * H + h) * ROW) & M
+        ridx = (s + blk * bs) * H + h
+        assert (ridx * ROW) & M == default
+        if s < 1 << 31:
+            assert s + blk * bs < 1 << 32  # LEAN2 forms it in 32 bits below 2^31
+
+
+def lean2_zero_point(q: np.ndarray) -> np.ndarray:
+    """LEAN2: min(trunc(RZ(max(q, 0) + 0.5)), 15) in float32 (-ftz: a subnormal q counts as 0)."""
+    q = q.astype(np.float32)
+    q = np.where(np.abs(q) < np.finfo(np.float32).tiny, np.float32(0), q)
+    m = np.maximum(q, np.float32(0))
+    with np.errstate(invalid="ignore"):
+        r = f32_rz(m.astype(np.float64) + 0.5)
+    return np.minimum(np.trunc(r), np.float32(15))
+
+
+def default_zero_point(q: np.ndarray) -> np.ndarray:
+    """The default: min(max(round_half_away(q), 0), 15)."""
+    with np.errstate(invalid="ignore"):
+        r = round_half_away(q.astype(np.float32)).astype(np.float32)
+    return np.minimum(np.maximum(r, np.float32(0)), np.float32(15))
+
+
+def lean2_zero_point_domain() -> np.ndarray:
+    rng = np.random.default_rng(24)
+    base = [np.float32(k / 2) for k in range(-40, 41)]
+    vals = []
+    for b in base:
+        v = np.full(81, b, np.float32)
+        up, dn = v.copy(), v.copy()
+        for i in range(1, 41):
+            up[i] = np.nextafter(up[i - 1], np.float32(np.inf))
+            dn[i] = np.nextafter(dn[i - 1], np.float32(-np.inf))
+        vals += [up[:41], dn[:41]]
+    vals += [rng.uniform(-40, 40, 200_000).astype(np.float32),
+             (rng.standard_normal(50_000) * 10.0 ** rng.uniform(-30, 30, 50_000)).astype(np.float32),
+             np.array([0.0, -0.0, 1e-45, -1e-45, 1e-38, -1e-38, 3.4e38, -3.4e38, np.inf, -np.inf,
+                       2 ** 23, 2 ** 23 + 1, 2 ** 24, -(2 ** 23), 15.5, 15.499999, 14.5, 0.49999997, -0.5,
+                       -0.49999997, 0.5], np.float32)]
+    return np.concatenate(vals)
+
+
+def test_lean2_zero_point_equals_default():
+    """int4_qparams_lean under LEAN2: the zero point (and so p.zp up to the sign of a zero, zph and
+    p.word) equals the default's for every q around every half-integer in [-20, 20] (±40 ulps),
+    random, huge, infinite and subnormal q."""
+    q = lean2_zero_point_domain()
+    a, b = lean2_zero_point(q), default_zero_point(q)
+    assert a.dtype == b.dtype == np.float32 and np.array_equal(a, b), q[a != b][:10]
+    assert np.array_equal((a + np.float32(0.49999997)).view(np.uint32), (b + np.float32(0.49999997)).view(np.uint32))
+
+
+def test_lean2_zero_point_perturbations_fail():
+    """Round to nearest instead of toward zero fails (q = pred(0.5) -> 1), so does dropping the
+    clamp below (q <= -1 gives negative zero points)."""
+    q = lean2_zero_point_domain()
+    b = default_zero_point(q)
+    qq = np.where(np.abs(q) < np.finfo(np.float32).tiny, np.float32(0), q)
+    rn = np.minimum(np.trunc((np.maximum(qq, np.float32(0)) + np.float32(0.5)).astype(np.float32)), np.float32(15))
+    assert np.count_nonzero(rn != b) > 0
+    with np.errstate(invalid="ignore"):
+        noclamp = np.minimum(np.trunc(f32_rz(qq.astype(np.float64) + 0.5)), np.float32(15))
+    assert np.count_nonzero(noclamp != b) > 0
+
+
+def test_lean2_emulation_is_the_kernels():
+    """The emulations above transcribe these lines of the LEAN2 code; a change there must change
+    them too. The default build does not see any of it (all inside KVLAB_INT4_WRITE_LEAN2)."""
+    for line in ('asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rd) : "f"(__uint2float_rn(d)));',
+                 "return __float2uint_rz(__fmaf_rn(__uint2float_rn(n), rd, 0.5f * rd));",
+                 'asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rf) : "f"(__uint2float_rn(d)));',
+                 'asm("cvt.f64.f32 %0, %1;" : "=d"(r0) : "f"(rf));',
+                 "const double r1 = __fma_rn(r0, __fma_rn(-dd, r0, 1.0), r0);",
+                 "return __double2uint_rz(__fma_rn(static_cast<double>(n), r1, 0.5 * r1));",
+                 "if (gthread < (1ull << 23)) {",
+                 "const unsigned g = static_cast<unsigned>(gthread) / LANES, q = udiv_small(g, static_cast<unsigned>(H));",
+                 "h = static_cast<int>(g - q * static_cast<unsigned>(H));",
+                 "if (slot < (1ll << 31)) {",
+                 "const unsigned blk = udiv_wide(sl, bs);  // float64 at half the float32 rate (A100, H100/H200)",
+                 "ridx = static_cast<unsigned long long>(sl + blk * bs) * static_cast<unsigned>(H) + static_cast<unsigned>(h);",
+                 "ridx = static_cast<unsigned long long>((slot + blk * block_size) * H + h);",
+                 "uint8_t* row_k = cache + ridx * ROW;",
+                 "const float z = fminf(truncf(__fadd_rz(fmaxf(q, 0.0f), 0.5f)), 15.0f);"):
+        assert line in SRC, line
+    i = SRC.index("#if defined(KVLAB_INT4_WRITE_LEAN2)\n// floor(n / d)")
+    assert SRC.index("__device__ __forceinline__ unsigned udiv_small") > i

@@ -158,11 +158,12 @@ def test_wgmma_prefill_sass(monkeypatch):
         assert "BAR.ARV" in f  # ping-pong handshakes
 
 
-@pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL"])
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_LEAN2"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
     """The MMA8 int4 write's tail, the lean one (the default since session 7,
-    docs/notes-int4-write-mma.md) and the previous one (-DKVLAB_INT4_WRITE_PLAIN_TAIL): every
+    docs/notes-int4-write-mma.md), the previous one (-DKVLAB_INT4_WRITE_PLAIN_TAIL) and the
+    session-8 experiment -DKVLAB_INT4_WRITE_LEAN2 (the lean write with cheaper index math): every
     reshape_and_cache instantiation compiles without spills, and the d = 128 16-bit int4
     kernels keep sm_90's 80 registers (3 blocks/SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
