@@ -158,7 +158,14 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   __shared__ __align__(8) uint64_t full_bar[WS_NS];
   __shared__ __align__(8) uint64_t empty_bar[WS_NS];
 
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+  // the warp index broadcast from lane 0: ptxas then knows it (and the role branch, the warpgroup
+  // index and the consumers' loop state) is warp-uniform and keeps the wgmma descriptors in
+  // uniform registers instead of building them in R registers and moving them (R2UR) per HGMMA
+  const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
+#else
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+#endif
   const int seq = items[2 * blockIdx.x], tok0 = items[2 * blockIdx.x + 1];
   const int kvh = blockIdx.y;
   const int G = num_q_heads / num_kv_heads;
@@ -302,6 +309,93 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         wg::MmaRS<D, CTV>::run(acc, pa[kc], vdesc0 + bofs + kc * (DS::V_KSTEP >> 4), 1);
     };
 
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+    // Lean consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"): the descriptors'
+    // high words (SBO) are constants and only the low words (start >> 4 | LBO >> 4 << 16) are
+    // computed, 32-bit (a start address < 2^18 never carries into bit 14); the stage's low-word
+    // offset is carried from tile to tile; the softmax moves its reference max lazily
+    // (pf_softmax_update_lazy: the O rescale only when an exponent would exceed PF_LAZY_TAU).
+    constexpr uint32_t QK_HI = DS::QK_SBO >> 4, V_HI = DS::V_SBO >> 4;
+    const uint32_t q_lo = static_cast<uint32_t>(qdesc), k_lo0 = static_cast<uint32_t>(kdesc0);
+    const uint32_t v_lo0 = static_cast<uint32_t>(vdesc0);
+    auto mkdesc = [](uint32_t lo, uint32_t hi) { return (static_cast<uint64_t>(hi) << 32) | lo; };
+    auto issue_s_lean = [&](uint32_t so) {
+#pragma unroll
+      for (int k = 0; k < KC; ++k)
+        wg::MmaSS<WG_KT, CTQ>::run(s, mkdesc(q_lo + k * (DS::QK_KSTEP >> 4), QK_HI),
+                                   mkdesc(k_lo0 + so + k * (DS::QK_KSTEP >> 4), QK_HI), k > 0 ? 1 : 0);
+    };
+    auto issue_pv_lean = [&](uint32_t so) {
+#pragma unroll
+      for (int kc = 0; kc < PC; ++kc)
+        wg::MmaRS<D, CTV>::run(acc, pa[kc], mkdesc(v_lo0 + so + kc * (DS::V_KSTEP >> 4), V_HI), 1);
+    };
+    bool pact = false;
+    uint32_t pso = 0, so = 0;       // descriptor low-word offsets of tile k-1's and tile k's stage
+    float nm0 = 0.f, nm1 = 0.f;     // exponent offsets, kept across tiles (lazy max)
+#pragma unroll 1
+    for (int k = 0; k <= ntiles; ++k) {
+      const int p0 = lo + k * WG_KT;
+      const int st = k % WS_NS;
+      const bool sact = k < ntiles && ghas && gmax >= p0 && !(window > 0 && p0 + WG_KT - 1 <= gmin - window);
+      if (k < ntiles) mbar_wait(&full_bar[st], (k / WS_NS) & 1);
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+      named_bar_sync(my_turn, 256);
+      const bool pass = !(cwg == 1 && k == ntiles);
+#endif
+      if (pact && sact) {
+        wg::reg_fence(acc);
+        wg::fence();
+        issue_pv_lean(pso);
+        issue_s_lean(so);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<0>();
+        wg::reg_fence(acc);
+        wg::reg_fence(s);
+      } else if (pact) {
+        wg::reg_fence(acc);
+        wg::fence();
+        issue_pv_lean(pso);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<0>();
+        wg::reg_fence(acc);
+      } else if (sact) {
+        wg::fence();
+        issue_s_lean(so);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<0>();
+        wg::reg_fence(s);
+      } else {
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+      }
+      if (k > 0) {
+        __syncwarp();
+        if (lane == 0) mbar_arrive(&empty_bar[(k - 1) % WS_NS]);
+      }
+      if (sact) {
+        const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
+        const float* par = stage_par(st);
+        pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
+#pragma unroll
+        for (int kc = 0; kc < PC; ++kc)
+          pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+      }
+      pact = sact;
+      pso = so;
+      so = (st == WS_NS - 1) ? 0u : so + static_cast<uint32_t>(SM::STAGE >> 4);
+    }
+#else
     // block k: P'·V of tile k-1 (if this warpgroup computed its softmax) and S of tile k (if its
     // rows reach it), one commit group, one wait; the stage of tile k-1 is released after it
     bool pact = false;
@@ -370,6 +464,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       pact = sact;
       pofs = sofs;
     }
+
+#endif
 
     pf_epilogue<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
                                                     cw, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);

@@ -410,6 +410,71 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
   }
 }
 
+// Lazy variant of pf_softmax_update (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other
+// caller). The reference max m of a row (the exponent offset nm = −m·cs, state kept across tiles
+// by the caller, nm = 0 while m = NEG_BIG) is moved only when some row of the warp would see an
+// exponent above PF_LAZY_TAU (log2 units: P ≤ 2^PF_LAZY_TAU), and then every row of the warp takes
+// its exact new max (the accumulator rescale, 2·ON·2 FMUL, runs anyway for the warp). Between
+// moves P = exp2(s·cs − m·cs) uses a stale m ≤ the true running max: the same algebra (O and l
+// carry the same factor exp2(−m·cs), which cancels in O / l), only the magnitudes of P, P', O and l
+// are up to 2^PF_LAZY_TAU larger, which changes no relative rounding (fp32 accumulators; P' in
+// bf16 or, nvfp4 / fp16 auto, fp16 with max 65504 ≫ 2^8; ex2.approx has a relative error).
+// tests/test_prefill_softmax_lean.py emulates both paths in float32.
+#ifndef PF_LAZY_TAU
+#define PF_LAZY_TAU 8.0f
+#endif
+template <bool TOKSC, int NT, int ON>
+__device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float (&acc)[ON][4], const float* par,
+                                                       bool full, int p0, int qp0, int qp1, int window, int c,
+                                                       float cs0, float cs1, float& m0, float& m1, float& l0,
+                                                       float& l1, float& nm0, float& nm1) {
+  if constexpr (TOKSC) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      const float2 ks = *reinterpret_cast<const float2*>(par + nt * 8 + 2 * c);
+      s[nt][0] *= ks.x; s[nt][1] *= ks.y; s[nt][2] *= ks.x; s[nt][3] *= ks.y;
+    }
+  }
+  if (!full) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kp = p0 + nt * 8 + 2 * c + e;
+        const bool ok0 = kp <= qp0 && (window <= 0 || kp > qp0 - window);
+        const bool ok1 = kp <= qp1 && (window <= 0 || kp > qp1 - window);
+        if (!ok0) s[nt][e] = neg_inf();
+        if (!ok1) s[nt][2 + e] = neg_inf();
+      }
+    }
+  }
+  float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  // a row needs a move when its largest exponent would exceed TAU (m = NEG_BIG: any finite score;
+  // a fully masked row, mx = -inf, never)
+  const bool need = (mx0 - m0) * cs0 > PF_LAZY_TAU || (mx1 - m1) * cs1 > PF_LAZY_TAU;
+  if (__any_sync(0xffffffffu, need)) {
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = ex2_approx((m0 - mn0) * cs0), al1 = ex2_approx((m1 - mn1) * cs1);
+    m0 = mn0; m1 = mn1;
+    nm0 = mn0 == NEG_BIG ? 0.f : -mn0 * cs0;
+    nm1 = mn1 == NEG_BIG ? 0.f : -mn1 * cs1;
+    l0 *= al0; l1 *= al1;
+#pragma unroll
+    for (int j = 0; j < ON; ++j) {
+      acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
+    }
+  }
+}
+
 // P' of k-chunk kc (tokens 16kc .. 16kc+15 = S n-tiles 2kc, 2kc+1) as the A operand of the
 // P·V product (mma.sync m16n8k16 and wgmma m64nNk16 share this fragment layout); adds the
 // unscaled P to the row sums; int4/int8/fp8: P' = P·(per-token V scale).
