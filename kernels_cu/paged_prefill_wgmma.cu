@@ -265,9 +265,15 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
     const int cw = warp - 4, cwg = cw >> 2;
     const int g = lane >> 2, c = lane & 3;
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+    pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
+                                                               cs_sm, q, cw, lane, nrow, tok0, G, qs, num_q_heads,
+                                                               kvh, scale_log2, k_scale);
+#else
     pf_stage_queries<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF), cs_sm,
                                                           q, cw, lane, nrow, tok0, G, qs, num_q_heads, kvh,
                                                           scale_log2, k_scale);
+#endif
     wg::fence_proxy_async();  // Q rows: generic-proxy stores read by wgmma
     named_bar_sync(WS_BAR_Q, 256);
     const int r0 = cw * 16 + g, r1 = r0 + 8;
@@ -467,7 +473,13 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
 
 #endif
 
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+    pf_epilogue_quad<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out,
+                                                                     r0, r1, c, cw, lane, nrow, tok0, G, qs,
+                                                                     num_q_heads, kvh, v_scale);
+#else
     pf_epilogue<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
                                                     cw, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
+#endif
   }
 }

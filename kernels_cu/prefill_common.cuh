@@ -355,6 +355,65 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
   }
 }
 
+// Lean query prologue (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other caller): the
+// same values in q_sm / cs_sm as pf_stage_queries, with 4 lanes per row instead of 32. Lane
+// (rr = lane / 4, qc = lane % 4) holds dims qc·D/4 … +D/4 of row warp + (b + rr)·NWARPS, so a warp
+// stages 8 rows at once; the int4 rotation runs D/4-element register stages and 2 shuffle
+// stages (rht_group<D/4, 4>: the same H·(s ⊙ x) over dim index qc·D/4 + j as rht_group<D/32, 32>,
+// summed in another order: fp32-level differences before the fp16 rounding), the row's |max|
+// over the 4 lanes (max is exact), and each 8-dim unit leaves as one 16-byte store in the stored
+// order of unit_dim. pf_stage_queries spends ~200 instructions per row (20 shuffles, 16-bit
+// stores, index math per element); this ~60.
+template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT>
+__device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_sm, const T* __restrict__ q,
+                                                      int warp, int lane, int nrow, int tok0, int G, int qs,
+                                                      int num_q_heads, int kvh, float scale_log2, float k_scale) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
+  constexpr int QD = D / 4;
+  const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;
+  static_assert(ROWS % (8 * NWARPS) == 0, "8 rows per warp and pass");
+  const int rr = lane >> 2, qc = lane & 3;
+#pragma unroll 1
+  for (int b = 0; b < ROWS / NWARPS; b += 8) {
+    const int r = warp + (b + rr) * NWARPS;
+    float x[QD];
+    if (r < nrow) {
+      const int tok = tok0 + r / G;
+      const int qhead = kvh * G + r % G;
+      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + qc * QD;
+      T raw[QD];
+#pragma unroll
+      for (int j = 0; j < QD; ++j) raw[j] = qr[j];
+#pragma unroll
+      for (int j = 0; j < QD; ++j) x[j] = to_float(raw[j]);
+    } else {
+#pragma unroll
+      for (int j = 0; j < QD; ++j) x[j] = 0.f;
+    }
+    if constexpr (FMT == INT4) rht_group<QD, 4>(x, qc);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < QD; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    float pre = 1.f;
+    if constexpr (FMT != AUTO) {  // as query_vector_prescale: |q| < 2^15 in fp16, exact
+      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < QD / 8; ++u) {
+      uint4 w;
+      w.x = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(0)] * pre, x[8 * u + unit_dim<FMT>(1)] * pre);
+      w.y = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(2)] * pre, x[8 * u + unit_dim<FMT>(3)] * pre);
+      w.z = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(4)] * pre, x[8 * u + unit_dim<FMT>(5)] * pre);
+      w.w = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(6)] * pre, x[8 * u + unit_dim<FMT>(7)] * pre);
+      *reinterpret_cast<uint4*>(q_sm + LAYOUT::idx(r, qc * QD + 8 * u)) = w;
+    }
+    if (qc == 0) cs_sm[r] = scale_log2 * kfold / pre;
+  }
+}
+
 // One tile's scores s (rows r0 = g and r1 = g + 8 of the warp, s[nt][0..1] = row r0, tokens
 // p0 + 8nt + 2c, +1; s[nt][2..3] = row r1) -> per-token K scale, causal / window mask unless
 // `full`, row maxima, running max (m, in score units) and sum (l) update, accumulator rescale
@@ -550,6 +609,61 @@ __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0,
     T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
 #pragma unroll
     for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+  }
+}
+
+// Lean epilogue (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other caller): pf_epilogue's
+// first part unchanged (row sums, output rows into o_sm, the two barriers), then 4 lanes per
+// output row as in pf_stage_queries_quad: lane (rr, qc) reads dims qc·D/4 … of row
+// warp + (b + rr)·NWARPS with 16-byte loads, the int4 inverse rotation runs as
+// inverse_rht_group<D/4, 4> (all lanes, so the shuffles see the whole warp; rows past nrow are
+// computed and not stored).
+template <int FMT, int D, typename T, int ROWS, int NWARPS, int ORS, int BAR = 0, int ON>
+__device__ __forceinline__ void pf_epilogue_quad(const float (&acc)[ON][4], float l0, float l1, float* o_sm,
+                                                 T* __restrict__ out, int r0, int r1, int c, int warp, int lane,
+                                                 int nrow, int tok0, int G, int qs, int num_q_heads, int kvh,
+                                                 float v_scale) {
+  constexpr int QD = D / 4;
+  static_assert(ROWS % (8 * NWARPS) == 0 && ORS % 4 == 0, "8 rows per warp and pass, 16-byte rows");
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1); l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1); l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
+  const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
+  if constexpr (FMT == AUTO) cp_async_wait<0>();
+  pf_cta_barrier<BAR, NWARPS>();  // tile buffers -> output rows
+#pragma unroll
+  for (int j = 0; j < ON; ++j) {
+    if constexpr (unit_identity<FMT>()) {
+      const int dim = 8 * j + 2 * c;
+      *reinterpret_cast<float2*>(o_sm + r0 * ORS + dim) = make_float2(acc[j][0] * inv0, acc[j][1] * inv0);
+      *reinterpret_cast<float2*>(o_sm + r1 * ORS + dim) = make_float2(acc[j][2] * inv1, acc[j][3] * inv1);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = 8 * j + unit_dim<FMT>(2 * c + h);
+        o_sm[r0 * ORS + dim] = acc[j][h] * inv0;
+        o_sm[r1 * ORS + dim] = acc[j][2 + h] * inv1;
+      }
+    }
+  }
+  pf_cta_barrier<BAR, NWARPS>();
+  const int rr = lane >> 2, qc = lane & 3;
+#pragma unroll 1
+  for (int b = 0; b < ROWS / NWARPS && warp + b * NWARPS < nrow; b += 8) {
+    const int r = warp + (b + rr) * NWARPS;
+    float x[QD];
+#pragma unroll
+    for (int i = 0; i < QD / 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(o_sm + r * ORS + qc * QD + 4 * i);
+      x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
+    }
+    if constexpr (FMT == INT4) inverse_rht_group<QD, 4>(x, qc);
+    if (r < nrow) {
+      const int tok = tok0 + r / G;
+      T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + qc * QD;
+#pragma unroll
+      for (int j = 0; j < QD; ++j) orow[j] = from_float<T>(x[j]);
+    }
   }
 }
 

@@ -180,3 +180,102 @@ def test_kernel_source_has_the_lazy_threshold():
     text = (loader.kernels_dir() / "prefill_common.cuh").read_text()
     assert "#define PF_LAZY_TAU 8.0f" in text
     assert "pf_softmax_update_lazy" in (loader.kernels_dir() / "paged_prefill_wgmma.cu").read_text()
+
+
+# ---------------------------------------------------------------- lean prologue / epilogue layout
+# pf_stage_queries_quad / pf_epilogue_quad (prefill_common.cuh) run the int4 rotation with 4 lanes
+# per row (rht_group<D/4, 4>) where pf_stage_queries / pf_epilogue use 32 (rht_group<D/32, 32>).
+
+
+def _wht_group_model(x_lanes, lanes):
+    """hadamard.cuh wht_group<EPT, LANES> on all lanes at once: x_lanes[lane, j] (float64)."""
+    x = np.array(x_lanes, dtype=np.float64)
+    ept = x.shape[1]
+    h = 1
+    while h < ept:                                   # wht_register_stages
+        for i in range(ept):
+            if i & h == 0:
+                a, b = x[:, i].copy(), x[:, i + h].copy()
+                x[:, i], x[:, i + h] = a + b, a - b
+        h <<= 1
+    m = 1
+    while m < lanes:                                 # shuffle stages: lane ^ m
+        p = x[np.arange(lanes) ^ m]
+        upper = (np.arange(lanes) & m) != 0
+        x = np.where(upper[:, None], p - x, x + p)
+        m <<= 1
+    return x
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_quad_lane_rotation_is_the_same_transform(d):
+    """rht_group<d/4, 4> (lane qc holds dims qc·d/4 + j) and rht_group<d/32, 32> (lane l holds dims
+    4l + j … ) both compute H·(s ⊙ x) over the dim index (lane·EPT + j): the reference rht."""
+    from kvlab.reference import rht, rht_signs
+
+    rng = np.random.default_rng(d)
+    x = rng.standard_normal(d)
+    want = rht(x[None, :])[0]                        # H · (s ⊙ x), unnormalized, vLLM's signs
+    s = rht_signs(d).astype(np.float64)
+    for ept, lanes in ((d // 32, 32), (d // 4, 4)):
+        xs = (s * x).reshape(lanes, ept)             # apply_rht_signs(first = lane·EPT)
+        y = _wht_group_model(xs, lanes).reshape(d)
+        np.testing.assert_allclose(y, want, rtol=1e-12, atol=1e-12)
+        # inverse_rht_group: wht, / d, signs
+        back = s * (_wht_group_model(y.reshape(lanes, ept), lanes).reshape(d) / d)
+        np.testing.assert_allclose(back, x, rtol=1e-12, atol=1e-12)
+
+
+def _unit_dim(fmt, p):
+    if fmt in ("int4", "nvfp4"):
+        return (p >> 1) + 4 * (p & 1)
+    if fmt == "int8":
+        return 4 * ((p >> 2) & 1) + ((p >> 1) & 1) + 2 * (p & 1)
+    return p
+
+
+def _unit_pos(fmt, o):
+    if fmt in ("int4", "nvfp4"):
+        return 2 * (o & 3) + (o >> 2)
+    if fmt == "int8":
+        return (o & 4) | ((o & 1) << 1) | ((o >> 1) & 1)
+    return o
+
+
+def _core_off(d, row, dim):
+    return (row >> 3) * (16 * d) + (dim >> 3) * 128 + (row & 7) * 16 + (dim & 7) * 2
+
+
+@pytest.mark.parametrize("fmt", ["int4", "nvfp4", "int8", "fp8", "auto"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_quad_lane_query_stores_match_the_default_layout(fmt, d):
+    """Every (row, dim) of the 128 query rows lands at the same shared-memory byte in
+    pf_stage_queries_quad (16-byte unit stores in unit_dim order, lane (rr, qc), passes b) as in
+    pf_stage_queries (one 16-bit store per dim at unit_pos), and every row is staged once."""
+    rows, nwarps, qd = 128, 8, d // 4
+    default, quad = {}, {}
+    for r in range(rows):
+        for dim in range(d):
+            default[_core_off(d, r, (dim & ~7) + _unit_pos(fmt, dim & 7))] = (r, dim)
+    for warp in range(nwarps):
+        for b in range(0, rows // nwarps, 8):
+            for lane in range(32):
+                rr, qc = lane >> 2, lane & 3
+                r = warp + (b + rr) * nwarps
+                for u in range(qd // 8):
+                    base = _core_off(d, r, qc * qd + 8 * u)
+                    assert base % 16 == 0
+                    for p in range(8):
+                        key = base + 2 * p
+                        assert key not in quad
+                        quad[key] = (r, qc * qd + 8 * u + _unit_dim(fmt, p))
+    assert quad == default
+
+
+def test_kernel_source_uses_the_quad_lane_functions():
+    from kvlab.cuda import loader
+
+    src = (loader.kernels_dir() / "prefill_common.cuh").read_text()
+    assert "rht_group<QD, 4>(x, qc)" in src and "inverse_rht_group<QD, 4>(x, qc)" in src
+    assert "q_sm + LAYOUT::idx(r, qc * QD + 8 * u)" in src
+    assert "x[8 * u + unit_dim<FMT>(7)] * pre" in src
