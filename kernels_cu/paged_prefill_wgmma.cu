@@ -249,7 +249,11 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         const int s = it % WS_NS;
         const int p0 = lo + it * WG_KT;
         mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+        ld.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));  // scales in PERM order
+#else
         ld.store_tile(stage_k(s), stage_v(s), stage_par(s));
+#endif
         wg::fence_proxy_async();
         mbar_arrive(&full_bar[s]);
         if (it + 1 < ntiles) {
@@ -395,7 +399,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
 #pragma unroll
         for (int kc = 0; kc < PC; ++kc)
-          pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+          pf_p_operand_perm<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
       }
       pact = sact;
       pso = so;

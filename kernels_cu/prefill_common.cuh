@@ -259,8 +259,12 @@ struct PfTileLoader {
       *reinterpret_cast<uint4*>(vt) = vo;
     }
   }
-  // per-token scales of the tile: par[0..KT) K, par[KT..2KT) V (int4/int8/fp8)
+  // per-token scales of the tile: par[0..KT) K, par[KT..2KT) V (int4/int8/fp8). PERM (the wgmma
+  // kernel's lean switch): token lt = 8nt + 2c + e at 16c + 2nt + e (pf_scale_pos), so that the
+  // consumer lane with column pair c reads its 16 K (V) scales as 4 16-byte loads.
+  template <bool PERM = false>
   __device__ __forceinline__ void store_params(float* par) {
+    static_assert(!PERM || KT == 64, "PERM: 64-token tiles (8 n-tiles of 8 tokens)");
     if constexpr (TOKSC) {
       float ksc, vsc;
       if constexpr (FMT == INT4) {
@@ -272,15 +276,17 @@ struct PfTileLoader {
         ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp) * FP8_V_P;
       }
       if (part == 0) {
-        par[lt] = ksc;
-        par[KT + lt] = vsc;
+        const int pos = PERM ? ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1) : lt;
+        par[pos] = ksc;
+        par[KT + pos] = vsc;
       }
     }
   }
+  template <bool PERM = false>
   __device__ __forceinline__ void store_tile(uint8_t* ktile, uint8_t* vtile, float* par) {
 #pragma unroll
     for (int u = 0; u < UPT; ++u) store_unit(ktile, vtile, u);
-    store_params(par);
+    store_params<PERM>(par);
   }
   // auto: 16-byte cp.async copies of the thread's part rows of tile p0 to the tiles at the
   // shared-window addresses kt / vt
@@ -470,7 +476,7 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
 }
 
 // Lazy variant of pf_softmax_update (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other
-// caller). The reference max m of a row (the exponent offset nm = −m·cs, state kept across tiles
+// caller; per-token scales in the PERM order of PfTileLoader::store_params). The reference max m of a row (the exponent offset nm = −m·cs, state kept across tiles
 // by the caller, nm = 0 while m = NEG_BIG) is moved only when some row of the warp would see an
 // exponent above PF_LAZY_TAU (log2 units: P ≤ 2^PF_LAZY_TAU), and then every row of the warp takes
 // its exact new max (the accumulator rescale, 2·ON·2 FMUL, runs anyway for the warp). Between
@@ -488,10 +494,13 @@ __device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float 
                                                        float cs0, float cs1, float& m0, float& m1, float& l0,
                                                        float& l1, float& nm0, float& nm1) {
   if constexpr (TOKSC) {
+    // scales in the PERM order of PfTileLoader::store_params: this lane's 16 at par + 16c
+    static_assert(NT == 8, "PERM scale order: 64-token tiles");
 #pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      const float2 ks = *reinterpret_cast<const float2*>(par + nt * 8 + 2 * c);
-      s[nt][0] *= ks.x; s[nt][1] *= ks.y; s[nt][2] *= ks.x; s[nt][3] *= ks.y;
+    for (int i = 0; i < 4; ++i) {
+      const float4 ks = *reinterpret_cast<const float4*>(par + 16 * c + 4 * i);
+      s[2 * i][0] *= ks.x; s[2 * i][1] *= ks.y; s[2 * i][2] *= ks.x; s[2 * i][3] *= ks.y;
+      s[2 * i + 1][0] *= ks.z; s[2 * i + 1][1] *= ks.w; s[2 * i + 1][2] *= ks.z; s[2 * i + 1][3] *= ks.w;
     }
   }
   if (!full) {
@@ -551,6 +560,31 @@ __device__ __forceinline__ void pf_p_operand(uint32_t (&pa)[4], const float (&s)
     if constexpr (TOKSC) {
       const float2 vs = *reinterpret_cast<const float2*>(par + KT + nt * 8 + 2 * c);
       e00 *= vs.x; e01 *= vs.y; e10 *= vs.x; e11 *= vs.y;
+    }
+    pa[2 * h] = pack_f2<CTV>(e00, e01);
+    pa[2 * h + 1] = pack_f2<CTV>(e10, e11);
+  }
+}
+
+// pf_p_operand with the per-token V scales in the PERM order of PfTileLoader::store_params (the
+// wgmma kernel's lean switch): k-chunk kc's four (tokens 16kc + 2c, +1, 16kc + 8 + 2c, +1) are
+// one 16-byte load at par + KT + 16c + 4kc. Same arithmetic as pf_p_operand.
+template <bool TOKSC, typename CTV, int NT, int KT>
+__device__ __forceinline__ void pf_p_operand_perm(uint32_t (&pa)[4], const float (&s)[NT][4], int kc,
+                                                  const float* par, int c, float cs0, float cs1, float nm0,
+                                                  float nm1, float& l0, float& l1) {
+  float4 vs4 = make_float4(1.f, 1.f, 1.f, 1.f);
+  if constexpr (TOKSC) vs4 = *reinterpret_cast<const float4*>(par + KT + 16 * c + 4 * kc);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int nt = 2 * kc + h;
+    float e00 = ex2_approx(fmaf(s[nt][0], cs0, nm0)), e01 = ex2_approx(fmaf(s[nt][1], cs0, nm0));
+    float e10 = ex2_approx(fmaf(s[nt][2], cs1, nm1)), e11 = ex2_approx(fmaf(s[nt][3], cs1, nm1));
+    l0 += e00 + e01;
+    l1 += e10 + e11;
+    if constexpr (TOKSC) {
+      const float vx = h ? vs4.z : vs4.x, vy = h ? vs4.w : vs4.y;
+      e00 *= vx; e01 *= vy; e10 *= vx; e11 *= vy;
     }
     pa[2 * h] = pack_f2<CTV>(e00, e01);
     pa[2 * h + 1] = pack_f2<CTV>(e10, e11);

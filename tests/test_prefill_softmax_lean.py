@@ -279,3 +279,27 @@ def test_kernel_source_uses_the_quad_lane_functions():
     assert "rht_group<QD, 4>(x, qc)" in src and "inverse_rht_group<QD, 4>(x, qc)" in src
     assert "q_sm + LAYOUT::idx(r, qc * QD + 8 * u)" in src
     assert "x[8 * u + unit_dim<FMT>(7)] * pre" in src
+
+
+def test_perm_scale_order_round_trip():
+    """PfTileLoader::store_params<PERM = true> writes token lt's scale at
+    16·((lt >> 1) & 3) + 2·(lt >> 3) + (lt & 1); the lean consumer lane with column pair c reads
+    par[16c + 4i .. +3] as (n-tile 2i: tokens 16i + 2c, +1; n-tile 2i + 1: tokens 16i + 8 + 2c, +1)
+    for the K scales (pf_softmax_update_lazy) and par[KT + 16c + 4kc ..] for k-chunk kc's V scales
+    (pf_p_operand_perm, the same four tokens): each reads exactly its fragment's tokens."""
+    kt = 64
+    par = [None] * kt
+    for lt in range(kt):
+        pos = ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1)
+        assert par[pos] is None
+        par[pos] = lt
+    for c in range(4):
+        for i in range(4):
+            got = par[16 * c + 4 * i: 16 * c + 4 * i + 4]
+            nt0, nt1 = 2 * i, 2 * i + 1
+            assert got == [8 * nt0 + 2 * c, 8 * nt0 + 2 * c + 1, 8 * nt1 + 2 * c, 8 * nt1 + 2 * c + 1]
+    from kvlab.cuda import loader
+
+    src = (loader.kernels_dir() / "prefill_common.cuh").read_text()
+    assert "PERM ? ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1) : lt" in src
+    assert "par + 16 * c + 4 * i" in src and "par + KT + 16 * c + 4 * kc" in src
