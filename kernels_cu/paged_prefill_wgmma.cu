@@ -24,7 +24,10 @@
 //     all ntiles + 1 blocks (skipped tiles issue nothing but keep the handshake), so both named
 //     barriers see the same number of bar.sync and bar.arrive.
 // Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads them for the
-// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG.
+// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG;
+// -DKVLAB_WGMMA_SOFTMAX_LEAN (same launch): the leaner consumer path of docs/notes-prefill-wgmma.md,
+// "Session 8 candidate" (uniform-register descriptors, lazy softmax max, 4-lane-per-row query
+// prologue and epilogue, permuted per-token scales).
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
