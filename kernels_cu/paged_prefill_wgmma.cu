@@ -323,28 +323,26 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     };
 
 #if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
-    // Lean consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"): the descriptors'
-    // high words (SBO) are constants and only the low words (start >> 4 | LBO >> 4 << 16) are
-    // computed, 32-bit (a start address < 2^18 never carries into bit 14); the stage's low-word
-    // offset is carried from tile to tile; the softmax moves its reference max lazily
-    // (pf_softmax_update_lazy: the O rescale only when an exponent would exceed PF_LAZY_TAU).
-    constexpr uint32_t QK_HI = DS::QK_SBO >> 4, V_HI = DS::V_SBO >> 4;
-    const uint32_t q_lo = static_cast<uint32_t>(qdesc), k_lo0 = static_cast<uint32_t>(kdesc0);
-    const uint32_t v_lo0 = static_cast<uint32_t>(vdesc0);
-    auto mkdesc = [](uint32_t lo, uint32_t hi) { return (static_cast<uint64_t>(hi) << 32) | lo; };
+    // Lean consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"): the descriptors come
+    // from warp-uniform values only (the broadcast warp index above, the loop counter, a stage offset
+    // carried from tile to tile), so ptxas builds them in uniform registers (UIADD3 / UIADD3.64) and
+    // no R2UR sits in front of an HGMMA; a start address < 2^18 never carries out of the 14-bit
+    // start field. The softmax moves its reference max lazily (pf_softmax_update_lazy: the O
+    // rescale only when an exponent would exceed PF_LAZY_TAU), and the per-token scales come in the
+    // producer's PERM order (16-byte loads).
     auto issue_s_lean = [&](uint32_t so) {
 #pragma unroll
       for (int k = 0; k < KC; ++k)
-        wg::MmaSS<WG_KT, CTQ>::run(s, mkdesc(q_lo + k * (DS::QK_KSTEP >> 4), QK_HI),
-                                   mkdesc(k_lo0 + so + k * (DS::QK_KSTEP >> 4), QK_HI), k > 0 ? 1 : 0);
+        wg::MmaSS<WG_KT, CTQ>::run(s, qdesc + k * (DS::QK_KSTEP >> 4), kdesc0 + so + k * (DS::QK_KSTEP >> 4),
+                                   k > 0 ? 1 : 0);
     };
     auto issue_pv_lean = [&](uint32_t so) {
 #pragma unroll
       for (int kc = 0; kc < PC; ++kc)
-        wg::MmaRS<D, CTV>::run(acc, pa[kc], mkdesc(v_lo0 + so + kc * (DS::V_KSTEP >> 4), V_HI), 1);
+        wg::MmaRS<D, CTV>::run(acc, pa[kc], vdesc0 + so + kc * (DS::V_KSTEP >> 4), 1);
     };
     bool pact = false;
-    uint32_t pso = 0, so = 0;       // descriptor low-word offsets of tile k-1's and tile k's stage
+    uint32_t pso = 0, so = 0;       // descriptor offsets (bytes >> 4) of tile k-1's and tile k's stage
     float nm0 = 0.f, nm1 = 0.f;     // exponent offsets, kept across tiles (lazy max)
 #pragma unroll 1
     for (int k = 0; k <= ntiles; ++k) {
