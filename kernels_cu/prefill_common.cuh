@@ -365,8 +365,10 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
 // same values in q_sm / cs_sm as pf_stage_queries, with 4 lanes per row instead of 32. Lane
 // (rr = lane / 4, qc = lane % 4) holds dims qc·D/4 … +D/4 of row warp + (b + rr)·NWARPS, so a warp
 // stages 8 rows at once; the int4 rotation runs D/4-element register stages and 2 shuffle
-// stages (rht_group<D/4, 4>: the same H·(s ⊙ x) over dim index qc·D/4 + j as rht_group<D/32, 32>,
-// summed in another order: fp32-level differences before the fp16 rounding), the row's |max|
+// stages (rht_group<D/4, 4>, written as apply_rht_signs + wht_chunked<D/4, 4, D/4>, whose shuffle
+// stages are one FFMA x·(±1) + p each, bit-identical to wht_group's select of x + p / p − x: the
+// same H·(s ⊙ x) over dim index qc·D/4 + j as rht_group<D/32, 32>, summed in another order:
+// fp32-level differences before the fp16 rounding), the row's |max|
 // over the 4 lanes (max is exact), and each 8-dim unit leaves as one 16-byte store in the stored
 // order of unit_dim. pf_stage_queries spends ~200 instructions per row (20 shuffles, 16-bit
 // stores, index math per element); this ~60.
@@ -396,7 +398,10 @@ __device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_
 #pragma unroll
       for (int j = 0; j < QD; ++j) x[j] = 0.f;
     }
-    if constexpr (FMT == INT4) rht_group<QD, 4>(x, qc);
+    if constexpr (FMT == INT4) {  // rht_group<QD, 4> with the shuffle stages as one FFMA (x·±1 + p)
+      apply_rht_signs<QD>(x, qc * QD);
+      wht_chunked<QD, 4, QD>(x, qc);
+    }
     float amax = 0.f;
 #pragma unroll
     for (int j = 0; j < QD; ++j) amax = fmaxf(amax, fabsf(x[j]));
@@ -650,8 +655,8 @@ __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0,
 // first part unchanged (row sums, output rows into o_sm, the two barriers), then 4 lanes per
 // output row as in pf_stage_queries_quad: lane (rr, qc) reads dims qc·D/4 … of row
 // warp + (b + rr)·NWARPS with 16-byte loads, the int4 inverse rotation runs as
-// inverse_rht_group<D/4, 4> (all lanes, so the shuffles see the whole warp; rows past nrow are
-// computed and not stored).
+// inverse_rht_group<D/4, 4> (wht_chunked's FFMA shuffle stages; all lanes, so the shuffles see the
+// whole warp; rows past nrow are computed and not stored).
 template <int FMT, int D, typename T, int ROWS, int NWARPS, int ORS, int BAR = 0, int ON>
 __device__ __forceinline__ void pf_epilogue_quad(const float (&acc)[ON][4], float l0, float l1, float* o_sm,
                                                  T* __restrict__ out, int r0, int r1, int c, int warp, int lane,
@@ -691,7 +696,12 @@ __device__ __forceinline__ void pf_epilogue_quad(const float (&acc)[ON][4], floa
       const float4 v = *reinterpret_cast<const float4*>(o_sm + r * ORS + qc * QD + 4 * i);
       x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
     }
-    if constexpr (FMT == INT4) inverse_rht_group<QD, 4>(x, qc);
+    if constexpr (FMT == INT4) {  // inverse_rht_group<QD, 4>, shuffle stages as one FFMA each
+      wht_chunked<QD, 4, QD>(x, qc);
+#pragma unroll
+      for (int j = 0; j < QD; ++j) x[j] *= 1.0f / static_cast<float>(D);
+      apply_rht_signs<QD>(x, qc * QD);
+    }
     if (r < nrow) {
       const int tok = tok0 + r / G;
       T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + qc * QD;

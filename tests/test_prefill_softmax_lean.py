@@ -202,7 +202,7 @@ def _wht_group_model(x_lanes, lanes):
     while m < lanes:                                 # shuffle stages: lane ^ m
         p = x[np.arange(lanes) ^ m]
         upper = (np.arange(lanes) & m) != 0
-        x = np.where(upper[:, None], p - x, x + p)
+        x = np.where(upper[:, None], p - x, x + p)   # wht_chunked: fmaf(x, upper ? -1 : 1, p), the same
         m <<= 1
     return x
 
@@ -276,7 +276,12 @@ def test_kernel_source_uses_the_quad_lane_functions():
     from kvlab.cuda import loader
 
     src = (loader.kernels_dir() / "prefill_common.cuh").read_text()
-    assert "rht_group<QD, 4>(x, qc)" in src and "inverse_rht_group<QD, 4>(x, qc)" in src
+    # rht_group<QD, 4> / inverse_rht_group<QD, 4> written with wht_chunked<QD, 4, QD> (one chunk of
+    # QD elements per lane: dim index qc·QD + j, as wht_group<QD, 4>; the shuffle stages as
+    # fmaf(x, ±1, p), which rounds exactly as wht_group's x + p / p − x)
+    assert src.count("wht_chunked<QD, 4, QD>(x, qc)") == 2
+    assert src.count("apply_rht_signs<QD>(x, qc * QD)") == 2
+    assert "x[j] *= 1.0f / static_cast<float>(D)" in src
     assert "q_sm + LAYOUT::idx(r, qc * QD + 8 * u)" in src
     assert "x[8 * u + unit_dim<FMT>(7)] * pre" in src
 
