@@ -161,7 +161,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   __shared__ __align__(8) uint64_t full_bar[WS_NS];
   __shared__ __align__(8) uint64_t empty_bar[WS_NS];
 
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_UWARP)
   // the warp index broadcast from lane 0: ptxas then knows it (and the role branch, the warpgroup
   // index and the consumers' loop state) is warp-uniform and keeps the wgmma descriptors in
   // uniform registers instead of building them in R registers and moving them (R2UR) per HGMMA
@@ -252,7 +252,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         const int s = it % WS_NS;
         const int p0 = lo + it * WG_KT;
         mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_SOFTMAX)
         ld.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));  // scales in PERM order
 #else
         ld.store_tile(stage_k(s), stage_v(s), stage_par(s));
@@ -272,7 +272,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
     const int cw = warp - 4, cwg = cw >> 2;
     const int g = lane >> 2, c = lane & 3;
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_QUAD)
     pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
                                                                cs_sm, q, cw, lane, nrow, tok0, G, qs, num_q_heads,
                                                                kvh, scale_log2, k_scale);
@@ -397,10 +397,17 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       if (sact) {
         const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
         const float* par = stage_par(st);
+#if defined(KVLAB_WGMMA_LEAN_NO_SOFTMAX)  // session-8 bisect: the default softmax and scale order
+        pf_softmax_update<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
+#pragma unroll
+        for (int kc = 0; kc < PC; ++kc)
+          pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+#else
         pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
 #pragma unroll
         for (int kc = 0; kc < PC; ++kc)
           pf_p_operand_perm<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+#endif
       }
       pact = sact;
       pso = so;
@@ -478,7 +485,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
 
 #endif
 
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
+#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_QUAD)
     pf_epilogue_quad<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out,
                                                                      r0, r1, c, cw, lane, nrow, tok0, G, qs,
                                                                      num_q_heads, kvh, v_scale);
