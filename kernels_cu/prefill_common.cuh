@@ -380,7 +380,11 @@ __device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_
   constexpr int QD = D / 4;
   const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;
   static_assert(ROWS % (8 * NWARPS) == 0, "8 rows per warp and pass");
+  static_assert(sizeof(T) == 2 && QD % 8 == 0, "16-bit queries, whole 16-byte chunks per lane");
   const int rr = lane >> 2, qc = lane & 3;
+  // 4 lanes per row: element-wise 16-bit loads would touch 32 sectors per warp instruction (each
+  // lane alone in its sector); with a 16-byte aligned base every lane's chunk is 16-byte aligned
+  const bool vec = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
 #pragma unroll 1
   for (int b = 0; b < ROWS / NWARPS; b += 8) {
     const int r = warp + (b + rr) * NWARPS;
@@ -389,11 +393,24 @@ __device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_
       const int tok = tok0 + r / G;
       const int qhead = kvh * G + r % G;
       const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + qc * QD;
-      T raw[QD];
+      if (vec) {  // 16-byte loads: a row chunk is QD·2 >= 32 bytes at a multiple of 32 bytes
 #pragma unroll
-      for (int j = 0; j < QD; ++j) raw[j] = qr[j];
+        for (int v = 0; v < QD / 8; ++v) {
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(qr) + v);
+          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
-      for (int j = 0; j < QD; ++j) x[j] = to_float(raw[j]);
+          for (int i = 0; i < 4; ++i) {
+            x[8 * v + 2 * i] = from_bits16<T>(static_cast<uint16_t>(ws[i] & 0xFFFFu));
+            x[8 * v + 2 * i + 1] = from_bits16<T>(static_cast<uint16_t>(ws[i] >> 16));
+          }
+        }
+      } else {
+        T raw[QD];
+#pragma unroll
+        for (int j = 0; j < QD; ++j) raw[j] = qr[j];
+#pragma unroll
+        for (int j = 0; j < QD; ++j) x[j] = to_float(raw[j]);
+      }
     } else {
 #pragma unroll
       for (int j = 0; j < QD; ++j) x[j] = 0.f;
@@ -687,6 +704,8 @@ __device__ __forceinline__ void pf_epilogue_quad(const float (&acc)[ON][4], floa
   }
   pf_cta_barrier<BAR, NWARPS>();
   const int rr = lane >> 2, qc = lane & 3;
+  static_assert(sizeof(T) == 2 && QD % 8 == 0, "16-bit outputs, whole 16-byte chunks per lane");
+  const bool vec = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
 #pragma unroll 1
   for (int b = 0; b < ROWS / NWARPS && warp + b * NWARPS < nrow; b += 8) {
     const int r = warp + (b + rr) * NWARPS;
@@ -705,8 +724,20 @@ __device__ __forceinline__ void pf_epilogue_quad(const float (&acc)[ON][4], floa
     if (r < nrow) {
       const int tok = tok0 + r / G;
       T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + qc * QD;
+      if (vec) {  // 16-byte stores (see pf_stage_queries_quad)
 #pragma unroll
-      for (int j = 0; j < QD; ++j) orow[j] = from_float<T>(x[j]);
+        for (int v = 0; v < QD / 8; ++v) {
+          uint4 w;
+          w.x = pack_f2<T>(x[8 * v], x[8 * v + 1]);
+          w.y = pack_f2<T>(x[8 * v + 2], x[8 * v + 3]);
+          w.z = pack_f2<T>(x[8 * v + 4], x[8 * v + 5]);
+          w.w = pack_f2<T>(x[8 * v + 6], x[8 * v + 7]);
+          *reinterpret_cast<uint4*>(orow + 8 * v) = w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < QD; ++j) orow[j] = from_float<T>(x[j]);
+      }
     }
   }
 }
