@@ -259,8 +259,12 @@ struct PfTileLoader {
       *reinterpret_cast<uint4*>(vt) = vo;
     }
   }
-  // per-token scales of the tile: par[0..KT) K, par[KT..2KT) V (int4/int8/fp8)
+  // per-token scales of the tile: par[0..KT) K, par[KT..2KT) V (int4/int8/fp8). PERM (the wgmma
+  // kernel's lean switch): token lt = 8nt + 2c + e at 16c + 2nt + e (pf_scale_pos), so that the
+  // consumer lane with column pair c reads its 16 K (V) scales as 4 16-byte loads.
+  template <bool PERM = false>
   __device__ __forceinline__ void store_params(float* par) {
+    static_assert(!PERM || KT == 64, "PERM: 64-token tiles (8 n-tiles of 8 tokens)");
     if constexpr (TOKSC) {
       float ksc, vsc;
       if constexpr (FMT == INT4) {
@@ -272,15 +276,17 @@ struct PfTileLoader {
         ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp) * FP8_V_P;
       }
       if (part == 0) {
-        par[lt] = ksc;
-        par[KT + lt] = vsc;
+        const int pos = PERM ? ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1) : lt;
+        par[pos] = ksc;
+        par[KT + pos] = vsc;
       }
     }
   }
+  template <bool PERM = false>
   __device__ __forceinline__ void store_tile(uint8_t* ktile, uint8_t* vtile, float* par) {
 #pragma unroll
     for (int u = 0; u < UPT; ++u) store_unit(ktile, vtile, u);
-    store_params(par);
+    store_params<PERM>(par);
   }
   // auto: 16-byte cp.async copies of the thread's part rows of tile p0 to the tiles at the
   // shared-window addresses kt / vt
@@ -355,6 +361,87 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
   }
 }
 
+// Lean query prologue (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other caller): the
+// same values in q_sm / cs_sm as pf_stage_queries, with 4 lanes per row instead of 32. Lane
+// (rr = lane / 4, qc = lane % 4) holds dims qc·D/4 … +D/4 of row warp + (b + rr)·NWARPS, so a warp
+// stages 8 rows at once; the int4 rotation runs D/4-element register stages and 2 shuffle
+// stages (rht_group<D/4, 4>, written as apply_rht_signs + wht_chunked<D/4, 4, D/4>, whose shuffle
+// stages are one FFMA x·(±1) + p each, bit-identical to wht_group's select of x + p / p − x: the
+// same H·(s ⊙ x) over dim index qc·D/4 + j as rht_group<D/32, 32>, summed in another order:
+// fp32-level differences before the fp16 rounding), the row's |max|
+// over the 4 lanes (max is exact), and each 8-dim unit leaves as one 16-byte store in the stored
+// order of unit_dim. pf_stage_queries spends ~200 instructions per row (20 shuffles, 16-bit
+// stores, index math per element); this ~60.
+template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT>
+__device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_sm, const T* __restrict__ q,
+                                                      int warp, int lane, int nrow, int tok0, int G, int qs,
+                                                      int num_q_heads, int kvh, float scale_log2, float k_scale) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
+  constexpr int QD = D / 4;
+  const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;
+  static_assert(ROWS % (8 * NWARPS) == 0, "8 rows per warp and pass");
+  static_assert(sizeof(T) == 2 && QD % 8 == 0, "16-bit queries, whole 16-byte chunks per lane");
+  const int rr = lane >> 2, qc = lane & 3;
+  // 4 lanes per row: element-wise 16-bit loads would touch 32 sectors per warp instruction (each
+  // lane alone in its sector); with a 16-byte aligned base every lane's chunk is 16-byte aligned
+  const bool vec = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
+#pragma unroll 1
+  for (int b = 0; b < ROWS / NWARPS; b += 8) {
+    const int r = warp + (b + rr) * NWARPS;
+    float x[QD];
+    if (r < nrow) {
+      const int tok = tok0 + r / G;
+      const int qhead = kvh * G + r % G;
+      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + qc * QD;
+      if (vec) {  // 16-byte loads: a row chunk is QD·2 >= 32 bytes at a multiple of 32 bytes
+#pragma unroll
+        for (int v = 0; v < QD / 8; ++v) {
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(qr) + v);
+          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            x[8 * v + 2 * i] = from_bits16<T>(static_cast<uint16_t>(ws[i] & 0xFFFFu));
+            x[8 * v + 2 * i + 1] = from_bits16<T>(static_cast<uint16_t>(ws[i] >> 16));
+          }
+        }
+      } else {
+        T raw[QD];
+#pragma unroll
+        for (int j = 0; j < QD; ++j) raw[j] = qr[j];
+#pragma unroll
+        for (int j = 0; j < QD; ++j) x[j] = to_float(raw[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < QD; ++j) x[j] = 0.f;
+    }
+    if constexpr (FMT == INT4) {  // rht_group<QD, 4> with the shuffle stages as one FFMA (x·±1 + p)
+      apply_rht_signs<QD>(x, qc * QD);
+      wht_chunked<QD, 4, QD>(x, qc);
+    }
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < QD; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    float pre = 1.f;
+    if constexpr (FMT != AUTO) {  // as query_vector_prescale: |q| < 2^15 in fp16, exact
+      const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+      pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+    }
+#pragma unroll
+    for (int u = 0; u < QD / 8; ++u) {
+      uint4 w;
+      w.x = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(0)] * pre, x[8 * u + unit_dim<FMT>(1)] * pre);
+      w.y = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(2)] * pre, x[8 * u + unit_dim<FMT>(3)] * pre);
+      w.z = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(4)] * pre, x[8 * u + unit_dim<FMT>(5)] * pre);
+      w.w = pack_f2<CTQ>(x[8 * u + unit_dim<FMT>(6)] * pre, x[8 * u + unit_dim<FMT>(7)] * pre);
+      *reinterpret_cast<uint4*>(q_sm + LAYOUT::idx(r, qc * QD + 8 * u)) = w;
+    }
+    if (qc == 0) cs_sm[r] = scale_log2 * kfold / pre;
+  }
+}
+
 // One tile's scores s (rows r0 = g and r1 = g + 8 of the warp, s[nt][0..1] = row r0, tokens
 // p0 + 8nt + 2c, +1; s[nt][2..3] = row r1) -> per-token K scale, causal / window mask unless
 // `full`, row maxima, running max (m, in score units) and sum (l) update, accumulator rescale
@@ -410,6 +497,74 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
   }
 }
 
+// Lazy variant of pf_softmax_update (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other
+// caller; per-token scales in the PERM order of PfTileLoader::store_params). The reference max m of a row (the exponent offset nm = −m·cs, state kept across tiles
+// by the caller, nm = 0 while m = NEG_BIG) is moved only when some row of the warp would see an
+// exponent above PF_LAZY_TAU (log2 units: P ≤ 2^PF_LAZY_TAU), and then every row of the warp takes
+// its exact new max (the accumulator rescale, 2·ON·2 FMUL, runs anyway for the warp). Between
+// moves P = exp2(s·cs − m·cs) uses a stale m ≤ the true running max: the same algebra (O and l
+// carry the same factor exp2(−m·cs), which cancels in O / l), only the magnitudes of P, P', O and l
+// are up to 2^PF_LAZY_TAU larger, which changes no relative rounding (fp32 accumulators; P' in
+// bf16 or, nvfp4 / fp16 auto, fp16 with max 65504 ≫ 2^8; ex2.approx has a relative error).
+// tests/test_prefill_softmax_lean.py emulates both paths in float32.
+#ifndef PF_LAZY_TAU
+#define PF_LAZY_TAU 8.0f
+#endif
+template <bool TOKSC, int NT, int ON>
+__device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float (&acc)[ON][4], const float* par,
+                                                       bool full, int p0, int qp0, int qp1, int window, int c,
+                                                       float cs0, float cs1, float& m0, float& m1, float& l0,
+                                                       float& l1, float& nm0, float& nm1) {
+  if constexpr (TOKSC) {
+    // scales in the PERM order of PfTileLoader::store_params: this lane's 16 at par + 16c
+    static_assert(NT == 8, "PERM scale order: 64-token tiles");
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float4 ks = *reinterpret_cast<const float4*>(par + 16 * c + 4 * i);
+      s[2 * i][0] *= ks.x; s[2 * i][1] *= ks.y; s[2 * i][2] *= ks.x; s[2 * i][3] *= ks.y;
+      s[2 * i + 1][0] *= ks.z; s[2 * i + 1][1] *= ks.w; s[2 * i + 1][2] *= ks.z; s[2 * i + 1][3] *= ks.w;
+    }
+  }
+  if (!full) {
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int kp = p0 + nt * 8 + 2 * c + e;
+        const bool ok0 = kp <= qp0 && (window <= 0 || kp > qp0 - window);
+        const bool ok1 = kp <= qp1 && (window <= 0 || kp > qp1 - window);
+        if (!ok0) s[nt][e] = neg_inf();
+        if (!ok1) s[nt][2 + e] = neg_inf();
+      }
+    }
+  }
+  float mx0 = neg_inf(), mx1 = neg_inf();
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt) {
+    mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
+    mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
+  }
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+  mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+  mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+  // a row needs a move when its largest exponent would exceed TAU (m = NEG_BIG: any finite score;
+  // a fully masked row, mx = -inf, never)
+  const bool need = (mx0 - m0) * cs0 > PF_LAZY_TAU || (mx1 - m1) * cs1 > PF_LAZY_TAU;
+  if (__any_sync(0xffffffffu, need)) {
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = ex2_approx((m0 - mn0) * cs0), al1 = ex2_approx((m1 - mn1) * cs1);
+    m0 = mn0; m1 = mn1;
+    nm0 = mn0 == NEG_BIG ? 0.f : -mn0 * cs0;
+    nm1 = mn1 == NEG_BIG ? 0.f : -mn1 * cs1;
+    l0 *= al0; l1 *= al1;
+#pragma unroll
+    for (int j = 0; j < ON; ++j) {
+      acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
+    }
+  }
+}
+
 // P' of k-chunk kc (tokens 16kc .. 16kc+15 = S n-tiles 2kc, 2kc+1) as the A operand of the
 // P·V product (mma.sync m16n8k16 and wgmma m64nNk16 share this fragment layout); adds the
 // unscaled P to the row sums; int4/int8/fp8: P' = P·(per-token V scale).
@@ -427,6 +582,31 @@ __device__ __forceinline__ void pf_p_operand(uint32_t (&pa)[4], const float (&s)
     if constexpr (TOKSC) {
       const float2 vs = *reinterpret_cast<const float2*>(par + KT + nt * 8 + 2 * c);
       e00 *= vs.x; e01 *= vs.y; e10 *= vs.x; e11 *= vs.y;
+    }
+    pa[2 * h] = pack_f2<CTV>(e00, e01);
+    pa[2 * h + 1] = pack_f2<CTV>(e10, e11);
+  }
+}
+
+// pf_p_operand with the per-token V scales in the PERM order of PfTileLoader::store_params (the
+// wgmma kernel's lean switch): k-chunk kc's four (tokens 16kc + 2c, +1, 16kc + 8 + 2c, +1) are
+// one 16-byte load at par + KT + 16c + 4kc. Same arithmetic as pf_p_operand.
+template <bool TOKSC, typename CTV, int NT, int KT>
+__device__ __forceinline__ void pf_p_operand_perm(uint32_t (&pa)[4], const float (&s)[NT][4], int kc,
+                                                  const float* par, int c, float cs0, float cs1, float nm0,
+                                                  float nm1, float& l0, float& l1) {
+  float4 vs4 = make_float4(1.f, 1.f, 1.f, 1.f);
+  if constexpr (TOKSC) vs4 = *reinterpret_cast<const float4*>(par + KT + 16 * c + 4 * kc);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int nt = 2 * kc + h;
+    float e00 = ex2_approx(fmaf(s[nt][0], cs0, nm0)), e01 = ex2_approx(fmaf(s[nt][1], cs0, nm0));
+    float e10 = ex2_approx(fmaf(s[nt][2], cs1, nm1)), e11 = ex2_approx(fmaf(s[nt][3], cs1, nm1));
+    l0 += e00 + e01;
+    l1 += e10 + e11;
+    if constexpr (TOKSC) {
+      const float vx = h ? vs4.z : vs4.x, vy = h ? vs4.w : vs4.y;
+      e00 *= vx; e01 *= vy; e10 *= vx; e11 *= vy;
     }
     pa[2 * h] = pack_f2<CTV>(e00, e01);
     pa[2 * h + 1] = pack_f2<CTV>(e10, e11);
@@ -485,6 +665,80 @@ __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0,
     T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + lane * E;
 #pragma unroll
     for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
+  }
+}
+
+// Lean epilogue (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other caller): pf_epilogue's
+// first part unchanged (row sums, output rows into o_sm, the two barriers), then 4 lanes per
+// output row as in pf_stage_queries_quad: lane (rr, qc) reads dims qc·D/4 … of row
+// warp + (b + rr)·NWARPS with 16-byte loads, the int4 inverse rotation runs as
+// inverse_rht_group<D/4, 4> (wht_chunked's FFMA shuffle stages; all lanes, so the shuffles see the
+// whole warp; rows past nrow are computed and not stored).
+template <int FMT, int D, typename T, int ROWS, int NWARPS, int ORS, int BAR = 0, int ON>
+__device__ __forceinline__ void pf_epilogue_quad(const float (&acc)[ON][4], float l0, float l1, float* o_sm,
+                                                 T* __restrict__ out, int r0, int r1, int c, int warp, int lane,
+                                                 int nrow, int tok0, int G, int qs, int num_q_heads, int kvh,
+                                                 float v_scale) {
+  constexpr int QD = D / 4;
+  static_assert(ROWS % (8 * NWARPS) == 0 && ORS % 4 == 0, "8 rows per warp and pass, 16-byte rows");
+  l0 += __shfl_xor_sync(0xffffffffu, l0, 1); l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+  l1 += __shfl_xor_sync(0xffffffffu, l1, 1); l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+  const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
+  const float inv0 = l0 > 0.f ? vfac / l0 : 0.f, inv1 = l1 > 0.f ? vfac / l1 : 0.f;
+  if constexpr (FMT == AUTO) cp_async_wait<0>();
+  pf_cta_barrier<BAR, NWARPS>();  // tile buffers -> output rows
+#pragma unroll
+  for (int j = 0; j < ON; ++j) {
+    if constexpr (unit_identity<FMT>()) {
+      const int dim = 8 * j + 2 * c;
+      *reinterpret_cast<float2*>(o_sm + r0 * ORS + dim) = make_float2(acc[j][0] * inv0, acc[j][1] * inv0);
+      *reinterpret_cast<float2*>(o_sm + r1 * ORS + dim) = make_float2(acc[j][2] * inv1, acc[j][3] * inv1);
+    } else {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int dim = 8 * j + unit_dim<FMT>(2 * c + h);
+        o_sm[r0 * ORS + dim] = acc[j][h] * inv0;
+        o_sm[r1 * ORS + dim] = acc[j][2 + h] * inv1;
+      }
+    }
+  }
+  pf_cta_barrier<BAR, NWARPS>();
+  const int rr = lane >> 2, qc = lane & 3;
+  static_assert(sizeof(T) == 2 && QD % 8 == 0, "16-bit outputs, whole 16-byte chunks per lane");
+  const bool vec = (reinterpret_cast<uintptr_t>(out) & 15u) == 0;
+#pragma unroll 1
+  for (int b = 0; b < ROWS / NWARPS && warp + b * NWARPS < nrow; b += 8) {
+    const int r = warp + (b + rr) * NWARPS;
+    float x[QD];
+#pragma unroll
+    for (int i = 0; i < QD / 4; ++i) {
+      const float4 v = *reinterpret_cast<const float4*>(o_sm + r * ORS + qc * QD + 4 * i);
+      x[4 * i] = v.x; x[4 * i + 1] = v.y; x[4 * i + 2] = v.z; x[4 * i + 3] = v.w;
+    }
+    if constexpr (FMT == INT4) {  // inverse_rht_group<QD, 4>, shuffle stages as one FFMA each
+      wht_chunked<QD, 4, QD>(x, qc);
+#pragma unroll
+      for (int j = 0; j < QD; ++j) x[j] *= 1.0f / static_cast<float>(D);
+      apply_rht_signs<QD>(x, qc * QD);
+    }
+    if (r < nrow) {
+      const int tok = tok0 + r / G;
+      T* orow = out + (static_cast<size_t>(qs + tok) * num_q_heads + kvh * G + r % G) * D + qc * QD;
+      if (vec) {  // 16-byte stores (see pf_stage_queries_quad)
+#pragma unroll
+        for (int v = 0; v < QD / 8; ++v) {
+          uint4 w;
+          w.x = pack_f2<T>(x[8 * v], x[8 * v + 1]);
+          w.y = pack_f2<T>(x[8 * v + 2], x[8 * v + 3]);
+          w.z = pack_f2<T>(x[8 * v + 4], x[8 * v + 5]);
+          w.w = pack_f2<T>(x[8 * v + 6], x[8 * v + 7]);
+          *reinterpret_cast<uint4*>(orow + 8 * v) = w;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < QD; ++j) orow[j] = from_float<T>(x[j]);
+      }
+    }
   }
 }
 

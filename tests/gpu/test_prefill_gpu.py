@@ -301,3 +301,33 @@ def test_prefill_emulation_matches_reference(fmt):
         emu = emulate_prefill(case, win)
         emu = emu.astype(np.float32).astype(NUMPY_BF16).astype(np.float64)
         check_close(emu, ref, "bfloat16", f"emulation {fmt} d={d} window={win}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", ["auto", "int4_per_token_head", "nvfp4"])
+def test_queries_and_output_off_16_byte_boundaries(rng, fmt, prefill_variant):
+    """q and out as views 2 bytes past a 16-byte boundary (element 1 of a larger buffer): kernels
+    that move whole 16-byte chunks of q rows or output rows where the base allows it
+    (-DKVLAB_WGMMA_SOFTMAX_LEAN's 4-lane prologue/epilogue) must take their element-wise path."""
+    import torch
+
+    from kvlab.cuda.attention import plan_paged_attention
+
+    from .test_paged_attention_gpu import to_device, to_host
+
+    case = _case(rng, fmt, 2, 4, 128, 16, [300, 70], [300, 70 + 130])
+    dev = {k: to_device(case[k], "torch") for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    n = dev["q"].numel()
+    qbuf = torch.empty(n + 8, dtype=dev["q"].dtype, device=dev["q"].device)
+    obuf = torch.full((n + 8,), float("nan"), dtype=dev["q"].dtype, device=dev["q"].device)
+    q = qbuf[1:1 + n].view(dev["q"].shape)
+    out = obuf[1:1 + n].view(dev["q"].shape)
+    q.copy_(dev["q"])
+    assert q.data_ptr() % 16 == 2 and out.data_ptr() % 16 == 2
+    args = (q, dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"])
+    plan = plan_paged_attention(*args, case["kv_cache_dtype"], None, case["k_scale"], case["v_scale"],
+                                prefill_kernel=True, prefill_variant=prefill_variant)
+    assert plan.n_pf > 0
+    plan.run(*args, out=out)
+    assert torch.isnan(obuf[0]) and torch.isnan(obuf[1 + n:]).all(), "wrote outside the output view"
+    check_close(to_host(out).astype(np.float64), run_ref(case), "bfloat16", f"{fmt} unaligned {prefill_variant}")
