@@ -273,6 +273,7 @@ struct HeadRaw : TileRaw<FMT, D> {
 };
 
 template <bool B> struct MaskTag { static constexpr bool value = B; };
+template <int N> struct IntTag { static constexpr int value = N; };
 
 // Per-thread byte offsets of a tile's loads from the tile's base (fixed for the whole range:
 // a 16-token tile lies in one block, the rows sit at fixed offsets from the block's slab).
@@ -556,6 +557,97 @@ __device__ __forceinline__ void head_tile_pair(
   pv_mma<FMT, D, T>(ra, acc, sfv01_a, sfv23_a, pa0, pa1, mlo);
   pv_mma<FMT, D, T>(rb, acc, sfv01_b, sfv23_b, pb0, pb1, mlo);
 }
+
+#ifdef KVLAB_DECODE_STAGE
+// ---- -DKVLAB_DECODE_STAGE (experiment, docs/perf-notes.md "Session 9 candidate"): the paged
+// kernel's int4 stage of two full 16-token chunks as one unit. Same results as two
+// head_tile_math calls up to float32 rounding (one softmax update per 32 tokens, as
+// head_tile_pair; the softmax scale applied in the exp2's FFMA).
+// S = Q·K^T of one int4 tile on the integer tensor cores with one accumulator chain per n-tile
+// (the pair's two tiles give the ILP that qk_scores_imma's parity split gives one tile): I[i] =
+// 256·hi + lo of column g and token pv_token(c, i), the same integers as qk_scores_imma.
+template <int D>
+__device__ __forceinline__ void stage_qk_int4(const TileRaw<INT4, D>& r, const uint32_t (&qa)[D / 16][2],
+                                              int (&I)[4]) {
+  int ca[4] = {0, 0, 0, 0}, cb[4] = {0, 0, 0, 0};
+#pragma unroll
+  for (int s = 0; s < D / 32; ++s) {
+    const uint32_t a0 = qa[2 * s][0], a1 = qa[2 * s][1], a2 = qa[2 * s + 1][0], a3 = qa[2 * s + 1][1];
+    imma_s8<true>(ca, a0, a1, a2, a3, r.ka[s] & 0x0F0F0F0Fu, (r.ka[s] >> 4) & 0x0F0F0F0Fu);
+    imma_s8<true>(cb, a0, a1, a2, a3, r.kb[s] & 0x0F0F0F0Fu, (r.kb[s] >> 4) & 0x0F0F0F0Fu);
+  }
+  I[0] = ca[0] * 256 + ca[2];
+  I[1] = ca[1] * 256 + ca[3];
+  I[2] = cb[0] * 256 + cb[2];
+  I[3] = cb[1] * 256 + cb[3];
+}
+
+// Unscaled scores x'[i] = (I − kz·Σq̂)·ksc (nq = −Σq̂; the score is x'·cs) and the V scale /
+// 128 + zero point of tokens pv_token(c, i), from the parameter words the paged kernel loaded
+// (PAR_LOADED). 128 + zp is built as its float bits: 0x43000000 is 128.0f, whose ulp is 2^-16,
+// so zp·2^16 added to the bits adds zp (exact, zp ≤ 15).
+template <int D>
+__device__ __forceinline__ void stage_scores_int4(const int (&I)[4], const HeadRaw<INT4, D>& r, int nq,
+                                                  float (&x)[4], float (&vsc)[4], float (&vzp)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint32_t wk = r.kp[i], wv = r.vp[i];
+    const int kz = static_cast<int>(wk & 0xFu);
+    x[i] = __int2float_rn(I[i] + kz * nq) * __uint_as_float(wk & ~0xFu);
+    vsc[i] = __uint_as_float(wv & ~0xFu);
+    vzp[i] = __uint_as_float(0x43000000u + ((wv & 0xFu) << 16));
+  }
+}
+
+// Two full int4 tiles (ra at p0, rb at p0 + 16) with one online-softmax update: the column max
+// is taken over the unscaled x' and scaled once (m = cs·max x': exact, since cs ≥ 0 and
+// rounding is monotonic), e = 2^(x'·cs − m) in one FFMA; m, l, z, acc stay in the scaled
+// domain of head_tile_math (the edge stages run that).
+template <int D, typename T>
+__device__ __forceinline__ void stage_pair_int4(const HeadRaw<INT4, D>& ra, const HeadRaw<INT4, D>& rb,
+                                                float (&acc)[D / 16][4], float& m, float& l, float& z,
+                                                const uint32_t (&qa)[D / 16][2], int nq, float cs, uint32_t mlo,
+                                                int lane) {
+  const int c = lane & 3;
+  int Ia[4], Ib[4];
+  stage_qk_int4<D>(ra, qa, Ia);
+  stage_qk_int4<D>(rb, qa, Ib);
+  float xa[4], xb[4], vsc_a[4], vzp_a[4], vsc_b[4], vzp_b[4];
+  stage_scores_int4<D>(Ia, ra, nq, xa, vsc_a, vzp_a);
+  stage_scores_int4<D>(Ib, rb, nq, xb, vsc_b, vzp_b);
+  float mx = fmaxf(fmaxf(fmaxf(xa[0], xa[1]), fmaxf(xa[2], xa[3])), fmaxf(fmaxf(xb[0], xb[1]), fmaxf(xb[2], xb[3])));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx *= cs;
+  if (__any_sync(0xffffffffu, mx > m)) {
+    const float mn = fmaxf(m, mx);
+    const float al = ex2_approx(m - mn);
+    m = mn;
+    l *= al;
+    z *= al;
+    const float a0 = __shfl_sync(0xffffffffu, al, 8 * c);
+    const float a1 = __shfl_sync(0xffffffffu, al, 8 * c + 4);
+#pragma unroll
+    for (int j = 0; j < D / 16; ++j) {
+      acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
+    }
+  }
+  const float nm = -m;
+  float ea[4], eb[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    ea[i] = ex2_approx(fmaf(xa[i], cs, nm));
+    eb[i] = ex2_approx(fmaf(xb[i], cs, nm));
+  }
+  l += ((ea[0] + ea[1]) + (ea[2] + ea[3])) + ((eb[0] + eb[1]) + (eb[2] + eb[3]));
+  uint32_t pa0, pa1, pb0, pb1;
+  pack_p<INT4, D, T>(ea, vsc_a, vzp_a, z, pa0, pa1);
+  pack_p<INT4, D, T>(eb, vsc_b, vzp_b, z, pb0, pb1);
+  const uint32_t none[1] = {0u};
+  pv_mma<INT4, D, T>(ra, acc, none, none, pa0, pa1, mlo);
+  pv_mma<INT4, D, T>(rb, acc, none, none, pb0, pb1, mlo);
+}
+#endif  // KVLAB_DECODE_STAGE
 
 template <int FMT, int D, typename T>
 // CTAs per SM the register budget is sized for; KVLAB_DECODE_INT4_MIN_CTAS (an NVRTC -D, see
@@ -1144,6 +1236,44 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const uint32_t mlo = pinned_u32<0x000F000Fu>(), mhi = pinned_u32<0x00F000F0u>();
 #endif
 
+#ifdef KVLAB_DECODE_STAGE
+  // int4 stages of two full chunks as one unit (stage_pair_int4): this lane's words of a staged
+  // buffer at three per-lane pointers into buffer 0 plus loop-invariant steps (multiples of
+  // H·ROW bytes, warp-uniform); a stage adds its buffer offset once.
+  constexpr bool STAGE_BODY = (FMT == INT4) && ImmaQK<FMT>::value && (CPT == 2) && IL && !ROT;
+  const uint8_t* lk = dsm + of.kg;    // K words of token kt (+ 16·i: word c + 4i)
+  const uint8_t* lv = dsm + of.v[0];  // V words of token t4[0] (+ 32·k: word g + 8k)
+  const uint8_t* lp = dsm + pk0;      // K parameter word of token t4[0]
+  const int nq = -__float_as_int(qsum);   // −Σ q̂ (ImmaQK: qsum holds the int bits)
+  // HC: the head count as a compile-time constant (8, the target shape: every step an LDS
+  // immediate) or 0 (run time: ptxas re-derives the steps from the kernel parameter)
+  auto fill_full = [&](Raw& r, uint32_t o, auto hc_tag) {   // o = buffer offset + chunk·16·H·ROW
+    constexpr int HC = decltype(hc_tag)::value;
+    const uint32_t hr = HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR);
+    const uint32_t hr4 = 4u * hr, hr8 = 8u * hr, sside = TT * hr;   // side_sm = TT·H·ROW
+#pragma unroll
+    for (int i = 0; i < KW; ++i) {
+      r.ka[i] = *reinterpret_cast<const uint32_t*>(lk + o + 16 * i);
+      r.kb[i] = *reinterpret_cast<const uint32_t*>(lk + o + hr8 + 16 * i);
+    }
+    constexpr int VW = TR::VB / 4;
+#pragma unroll
+    for (int k = 0; k < VW; ++k) {
+      r.v0[k] = *reinterpret_cast<const uint32_t*>(lv + o + 32 * k);
+      r.v1[k] = *reinterpret_cast<const uint32_t*>(lv + o + hr4 + 32 * k);
+      r.v2[k] = *reinterpret_cast<const uint32_t*>(lv + o + hr8 + 32 * k);
+      r.v3[k] = *reinterpret_cast<const uint32_t*>(lv + o + (hr8 + hr4) + 32 * k);
+    }
+    const uint32_t ro[4] = {0u, hr4, hr8, hr8 + hr4};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      r.kp[i] = *reinterpret_cast<const uint32_t*>(lp + o + ro[i]);
+      r.vp[i] = *reinterpret_cast<const uint32_t*>(lp + o + sside + ro[i]);
+    }
+  };
+  uint32_t boff = 0u;   // b · stage_sm
+#endif
+
   // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
   if (tid == 0)
     for (int st = 0; st < min(nbuf, nst); ++st) issue(st, st);
@@ -1152,6 +1282,33 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   for (int st = 0; st < nst; ++st) {
     mbar_wait(&full_bar[b], ph);
     const uint8_t* sbuf = dsm + b * stage_sm;
+#ifdef KVLAB_DECODE_STAGE
+    if constexpr (STAGE_BODY) {
+      const int ch = st * CPT, p0 = lo16 + 16 * ch;
+      if (ch >= tf0 && ch + CPT <= tf1) {   // both chunks full: one body, no masks
+        auto body = [&](auto hc_tag) {
+          constexpr int HC = decltype(hc_tag)::value;
+          const uint32_t hr16 = 16u * (HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR));
+          Raw ra, rb;
+          fill_full(ra, boff, hc_tag);
+          fill_full(rb, boff + hr16, hc_tag);
+          stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
+        };
+        if (H == 8) body(IntTag<8>{});
+        else body(IntTag<0>{});
+      } else {   // an edge stage (rare): the masked tile math for each chunk it has
+#pragma unroll 1
+        for (int j = 0; j < CPT; ++j) {
+          if (ch + j < nch) {
+            Raw r;
+            fill(r, sbuf, j, p0 + 16 * j, MaskTag<true>{});
+            head_tile_math<FMT, D, T, true, true>(r, p0 + 16 * j, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L,
+                                                  window, mlo, mhi, lane);
+          }
+        }
+      }
+    } else
+#endif
 #ifdef KVLAB_PAGED_PAIR
     // two chunks of one stage with one softmax update (head_tile_pair)
     if (CPT == 2 && st * CPT + 1 < nch) {
@@ -1192,6 +1349,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       mbar_wait(&empty_bar[b], ph);
       issue(st + nbuf, b);
     }
+#ifdef KVLAB_DECODE_STAGE
+    boff += static_cast<uint32_t>(stage_sm);
+    if (b + 1 == nbuf) boff = 0u;
+#endif
     if (++b == nbuf) { b = 0; ph ^= 1u; }
   }
 

@@ -231,3 +231,23 @@ def test_int4_write_lean_rcp_has_no_slow_path(monkeypatch):
     default = cubin("")
     assert b"rcp_rn" not in default
     assert cubin("-DKVLAB_INT4_WRITE_LEAN") == default
+
+
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_STAGE"])
+@pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
+def test_decode_compiles_without_spills(arch, opts, monkeypatch):
+    """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
+    without stack or spills, in the default build and with -DKVLAB_DECODE_STAGE (the paged
+    kernel's int4 stage-level body, docs/perf-notes.md "Session 9 candidate"); the int4 paged
+    kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    reports = loader.compile_family_offline("paged_attention", arch)
+    assert len(reports) == len(loader.FAMILIES["paged_attention"])
+    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
+           if r.spill_stores or r.spill_loads or r.stack_frame]
+    assert not bad, f"paged_attention {opts!r} on {arch}: {bad}"
+    if arch == "sm_90":
+        regs = {r.name_expression: r.registers for r in reports}
+        for t in ("__nv_bfloat16", "__half"):
+            for d in (64, 128):
+                assert regs[f"paged_attention_decode_paged<3, {d}, {t}>"] <= 128
