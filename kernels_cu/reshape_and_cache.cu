@@ -23,8 +23,11 @@
 //         (reshape_and_cache_int4_mma). docs/notes-int4-write-mma.md. MMA8's tail is the lean
 //         one since session 7 (quantize_store_int4_lean, H200 65,536 tok x 8 heads x 128 bf16:
 //         0.1060 vs 0.1122 ms); -DKVLAB_INT4_WRITE_PLAIN_TAIL builds the previous one for A/B.
-//         -DKVLAB_INT4_WRITE_LEAN2 (experiment, session 8, unmeasured): the same write and bytes
-//         with cheaper index math (float-reciprocal divisions) and zero point.
+//         The lean write's index math is LEAN2 since session 8: float-reciprocal divisions for
+//         the token/head and block/slot indices and a cheaper zero point, the same bytes (H200,
+//         same call: 0.1036 / 0.1038 ms = 0.81 of copy vs 0.1057 / 0.1054 ms = 0.79, predicted
+//         0.101 ms); -DKVLAB_INT4_WRITE_DIV64 builds session 7's (C++ 64-bit divisions,
+//         copysign zero point) for A/B.
 // At these sizes the kernels are limited by instruction issue, not by DRAM (134 M elements at
 // ~0.1 ms leave ~20 issue slots per element), hence: no float->int conversions (exact magic
 // adds instead), no per-element IEEE division (nvfp4: a 2-instruction exact division by an
@@ -78,11 +81,24 @@
 #if defined(KVLAB_INT4_WRITE_MMA8) && !defined(KVLAB_INT4_WRITE_PLAIN_TAIL) && !defined(KVLAB_INT4_WRITE_LEAN)
 #define KVLAB_INT4_WRITE_LEAN
 #endif
-// -DKVLAB_INT4_WRITE_LEAN2 (experiment, session 8): the lean MMA8 write with fewer per-thread and
-// per-row instructions (exact float-reciprocal divisions for the token/head and block/slot
-// indices, a 32-bit row index, one instruction less in the zero point); the same bytes.
-#if defined(KVLAB_INT4_WRITE_LEAN2) && !(defined(KVLAB_INT4_WRITE_MMA8) && defined(KVLAB_INT4_WRITE_LEAN))
-#error "KVLAB_INT4_WRITE_LEAN2 builds on the lean MMA8 write: not with _MMA, _CUDA_CORES or _PLAIN_TAIL"
+// The lean MMA8 write's index math: LEAN2 (the default since session 8; H200, 65,536 tokens x 8
+// heads x 128 bf16, same call: 0.1036 / 0.1038 ms against 0.1057 / 0.1054 ms, 0.81 vs 0.79 of
+// copy) — fewer per-thread and per-row instructions (exact float-reciprocal divisions for the
+// token/head and block/slot indices, a 32-bit row index, one instruction less in the zero point),
+// the same bytes — unless -DKVLAB_INT4_WRITE_DIV64 asks for session 7's (C++ 64-bit divisions,
+// the copysign zero point; for A/B). -DKVLAB_INT4_WRITE_LEAN2, its session-8 A/B name, is
+// accepted as well. Both choose between two versions of the lean MMA8 write only: with _MMA,
+// _CUDA_CORES or _PLAIN_TAIL (whose index math is session 7's already) they are an error, so an
+// A/B build cannot be mislabelled.
+#if (defined(KVLAB_INT4_WRITE_LEAN2) || defined(KVLAB_INT4_WRITE_DIV64)) && \
+    !(defined(KVLAB_INT4_WRITE_MMA8) && defined(KVLAB_INT4_WRITE_LEAN))
+#error "KVLAB_INT4_WRITE_LEAN2 / _DIV64 choose the lean MMA8 write's index math: not with _MMA, _CUDA_CORES or _PLAIN_TAIL"
+#endif
+#if defined(KVLAB_INT4_WRITE_LEAN2) && defined(KVLAB_INT4_WRITE_DIV64)
+#error "KVLAB_INT4_WRITE_LEAN2, KVLAB_INT4_WRITE_DIV64: one index math at a time"
+#endif
+#if defined(KVLAB_INT4_WRITE_MMA8) && defined(KVLAB_INT4_WRITE_LEAN) && !defined(KVLAB_INT4_WRITE_DIV64)
+#define KVLAB_INT4_WRITE_LEAN2
 #endif
 #if defined(KVLAB_INT4_WRITE_MMA) || defined(KVLAB_INT4_WRITE_MMA8)
 #include "int4_write_mma.cuh"
@@ -873,7 +889,7 @@ __device__ __forceinline__ Int4Params int4_qparams_lean(float rng, float mn, flo
   // operations (roundf = trunc(RZ(q + copysign(0.5, q)))); for q < 0 (and -inf) both give 0
   // (round_half_away(q) <= -0, then max(., 0)); +inf gives 15 either way. q is never NaN where
   // the word is used (a NaN range is the rare path's invalid row). No copysign LOP3.
-  // tests/test_int4_write_variants.py (lean2_zero_point) checks it against the default's formula.
+  // tests/test_int4_write_variants.py (lean2_zero_point) checks it against -DKVLAB_INT4_WRITE_DIV64's.
   const float z = fminf(truncf(__fadd_rz(fmaxf(q, 0.0f), 0.5f)), 15.0f);
 #else
   const float z = fminf(fmaxf(round_half_away(q), 0.0f), 15.0f);
@@ -1105,6 +1121,9 @@ __device__ __forceinline__ long long div_s64_call(long long a, long long b) {
 // the loads address one base pointer with immediate offsets, and the grid tail (token >=
 // num_tokens, the last warp's missing rows) loads the last token's rows (valid memory) instead of
 // zeroing 32 registers — it stores nothing either way (slot -1), and its rare path reads nothing.
+// Its token/head and block/slot index math is LEAN2's (udiv_small, udiv_wide, div_s64_call above;
+// the default since session 8) in the lean write, C++ 64-bit divisions with
+// -DKVLAB_INT4_WRITE_DIV64 or -DKVLAB_INT4_WRITE_PLAIN_TAIL.
 template <int D, typename T>
 __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict__ key, const T* __restrict__ value,
                                                             long long key_stride, long long value_stride,
@@ -1150,9 +1169,9 @@ __device__ __forceinline__ void reshape_and_cache_int4_mma8(const T* __restrict_
   constexpr long long ROW = row_bytes<FMT_INT4>(D);
   const long long side_bytes = static_cast<long long>(block_size) * H * ROW;
   // the K row's index in ROW-byte rows: blk·2·block_size·H + t·H + h = (slot + blk·block_size)·H + h
-  // (slot = blk·block_size + t), the default's byte offset / ROW (the same pointer, mod 2^64)
+  // (slot = blk·block_size + t), -DKVLAB_INT4_WRITE_DIV64's byte offset / ROW (the same pointer, mod 2^64)
   // A skipped row (slot < 0) takes the first branch too: its ridx is garbage and unused (it stores
-  // nothing; the default's row there is h·ROW, also unused).
+  // nothing; DIV64's row there is h·ROW, also unused).
   unsigned long long ridx;
   if (slot < (1ll << 31)) {  // every cache below 2^31 slots: slot + blk·block_size <= 2·slot < 2^32
     const unsigned sl = static_cast<unsigned>(slot), bs = static_cast<unsigned>(block_size);
