@@ -3,7 +3,7 @@
     python scripts/int4_write_hot_count.py                       # bf16 + fp16, d = 128, sm_90
     python scripts/int4_write_hot_count.py --arch sm_80 --dump hot.sass
     KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_PLAIN_TAIL python scripts/int4_write_hot_count.py  # the pre-session-7 tail
-    KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_LEAN2 python scripts/int4_write_hot_count.py       # session 8 experiment
+    KVLAB_NVRTC_OPTIONS=-DKVLAB_INT4_WRITE_DIV64 python scripts/int4_write_hot_count.py       # session 7's index math
 
 The counting method of sessions 4-6, made a script: compile ``reshape_and_cache<3, 128, T,
 false>`` from a copy of ``reshape_and_cache.cu`` in which the rare path (``if

@@ -13,9 +13,10 @@ quantize_store_int4<…, BYTE_CODES, ZP_RECIP>, called "the plain tail" here:
   way): the zero point's division as Markstein's correction, with exact arithmetic, against the
   float32 division.
 
-* ``-DKVLAB_INT4_WRITE_LEAN2`` (session 8 experiment, end of the file): udiv_small / udiv_wide (the
-  index divisions by float reciprocals) against integer division, the row index against the
-  default's byte offset, the zero point's rounding against the default's.
+* LEAN2, the lean write's index math since session 8 (the default; end of the file): udiv_small /
+  udiv_wide (the index divisions by float reciprocals) against integer division, the row index
+  against the byte offset of ``-DKVLAB_INT4_WRITE_DIV64`` (session 7's index math, kept for A/B),
+  the zero point's rounding against DIV64's.
 
 (The shared-memory exchange variant of session 5, unmeasured, is on branch
 ``experiment/int4-write-variants`` with its emulation.)
@@ -445,12 +446,13 @@ def test_lean_emulation_is_the_kernels():
         assert line in SRC, line
 
 
-# ----------------------------------------------------------------------------- -DKVLAB_INT4_WRITE_LEAN2
-# The session-8 experiment (reshape_and_cache.cu, `#if defined(KVLAB_INT4_WRITE_LEAN2)`): the same
-# cache bytes as the default with fewer instructions outside the per-element work — udiv_small for
-# token/head (float reciprocal, no correction step), udiv_wide for block/slot (the same with one
-# float64 Newton step), the K row's index (slot + blk·block_size)·H + h, and the zero point's
-# rounding without the copysign.
+# ----------------------------------------------------------------------------- LEAN2 (the default)
+# The lean write's index math since session 8 (reshape_and_cache.cu, `#if
+# defined(KVLAB_INT4_WRITE_LEAN2)`, defined unless -DKVLAB_INT4_WRITE_DIV64): the same cache bytes
+# as DIV64 (session 7's index math) with fewer instructions outside the per-element work —
+# udiv_small for token/head (float reciprocal, no correction step), udiv_wide for block/slot (the
+# same with one float64 Newton step), the K row's index (slot + blk·block_size)·H + h, and the
+# zero point's rounding without the copysign.
 def lean2_udiv(n: np.ndarray, d: int, rd_step: int = 0, half: bool = True) -> np.ndarray:
     """udiv_small: trunc(RN_f32(n·rd + rd/2)) (one FFMA), rd = rcp.approx(d) = RN(1/d) moved by
     rd_step ulps (rcp.approx.ftz.f32 is within 1 ulp: -1, 0, +1 cover every value it may return).
@@ -565,8 +567,8 @@ def test_lean2_udiv_wide_perturbations_fail():
     assert any(lean2_udiv_wide(n, d, st, half=False) != n // d for d, ns in cases for n in ns for st in (-1, 1))
 
 
-def test_lean2_row_index_is_the_defaults_offset():
-    """row_k: the default's blk·2·side_bytes + (t·H + h)·ROW equals (slot + blk·bs)·H + h rows of
+def test_lean2_row_index_is_div64s_offset():
+    """row_k: DIV64's blk·2·side_bytes + (t·H + h)·ROW equals (slot + blk·bs)·H + h rows of
     ROW bytes mod 2^64 (the LEAN2 fast path computes the first factor in 32 bits: < 2^22 there)."""
     rng = np.random.default_rng(23)
     ROW = 68
@@ -579,9 +581,9 @@ def test_lean2_row_index_is_the_defaults_offset():
         blk, t = divmod(s, bs)
         h = (s * 7 + 3) % H
         side = bs * H * ROW
-        default = (blk * 2 * side + (t * H + h) * ROW) & M
+        div64 = (blk * 2 * side + (t * H + h) * ROW) & M
         ridx = (s + blk * bs) * H + h
-        assert (ridx * ROW) & M == default
+        assert (ridx * ROW) & M == div64
         if s < 1 << 31:
             assert s + blk * bs < 1 << 32  # LEAN2 forms it in 32 bits below 2^31
 
@@ -596,8 +598,8 @@ def lean2_zero_point(q: np.ndarray) -> np.ndarray:
     return np.minimum(np.trunc(r), np.float32(15))
 
 
-def default_zero_point(q: np.ndarray) -> np.ndarray:
-    """The default: min(max(round_half_away(q), 0), 15)."""
+def div64_zero_point(q: np.ndarray) -> np.ndarray:
+    """-DKVLAB_INT4_WRITE_DIV64 (the default until session 8): min(max(round_half_away(q), 0), 15)."""
     with np.errstate(invalid="ignore"):
         r = round_half_away(q.astype(np.float32)).astype(np.float32)
     return np.minimum(np.maximum(r, np.float32(0)), np.float32(15))
@@ -622,12 +624,12 @@ def lean2_zero_point_domain() -> np.ndarray:
     return np.concatenate(vals)
 
 
-def test_lean2_zero_point_equals_default():
+def test_lean2_zero_point_equals_div64():
     """int4_qparams_lean under LEAN2: the zero point (and so p.zp up to the sign of a zero, zph and
-    p.word) equals the default's for every q around every half-integer in [-20, 20] (±40 ulps),
+    p.word) equals DIV64's for every q around every half-integer in [-20, 20] (±40 ulps),
     random, huge, infinite and subnormal q."""
     q = lean2_zero_point_domain()
-    a, b = lean2_zero_point(q), default_zero_point(q)
+    a, b = lean2_zero_point(q), div64_zero_point(q)
     assert a.dtype == b.dtype == np.float32 and np.array_equal(a, b), q[a != b][:10]
     assert np.array_equal((a + np.float32(0.49999997)).view(np.uint32), (b + np.float32(0.49999997)).view(np.uint32))
 
@@ -636,7 +638,7 @@ def test_lean2_zero_point_perturbations_fail():
     """Round to nearest instead of toward zero fails (q = pred(0.5) -> 1), so does dropping the
     clamp below (q <= -1 gives negative zero points)."""
     q = lean2_zero_point_domain()
-    b = default_zero_point(q)
+    b = div64_zero_point(q)
     qq = np.where(np.abs(q) < np.finfo(np.float32).tiny, np.float32(0), q)
     rn = np.minimum(np.trunc((np.maximum(qq, np.float32(0)) + np.float32(0.5)).astype(np.float32)), np.float32(15))
     assert np.count_nonzero(rn != b) > 0
@@ -646,8 +648,9 @@ def test_lean2_zero_point_perturbations_fail():
 
 
 def test_lean2_emulation_is_the_kernels():
-    """The emulations above transcribe these lines of the LEAN2 code; a change there must change
-    them too. The default build does not see any of it (all inside KVLAB_INT4_WRITE_LEAN2)."""
+    """The emulations above transcribe these lines of the LEAN2 code (and DIV64's zero point); a
+    change there must change them too. All of it is inside KVLAB_INT4_WRITE_LEAN2, which the
+    default build defines (the lean MMA8 write without -DKVLAB_INT4_WRITE_DIV64)."""
     for line in ('asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rd) : "f"(__uint2float_rn(d)));',
                  "return __float2uint_rz(__fmaf_rn(__uint2float_rn(n), rd, 0.5f * rd));",
                  'asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rf) : "f"(__uint2float_rn(d)));',
@@ -662,7 +665,10 @@ def test_lean2_emulation_is_the_kernels():
                  "ridx = static_cast<unsigned long long>(sl + blk * bs) * static_cast<unsigned>(H) + static_cast<unsigned>(h);",
                  "ridx = static_cast<unsigned long long>((slot + blk * block_size) * H + h);",
                  "uint8_t* row_k = cache + ridx * ROW;",
-                 "const float z = fminf(truncf(__fadd_rz(fmaxf(q, 0.0f), 0.5f)), 15.0f);"):
+                 "const float z = fminf(truncf(__fadd_rz(fmaxf(q, 0.0f), 0.5f)), 15.0f);",
+                 "const float z = fminf(fmaxf(round_half_away(q), 0.0f), 15.0f);"):
         assert line in SRC, line
+    assert ("#if defined(KVLAB_INT4_WRITE_MMA8) && defined(KVLAB_INT4_WRITE_LEAN) && !defined(KVLAB_INT4_WRITE_DIV64)\n"
+            "#define KVLAB_INT4_WRITE_LEAN2\n") in SRC
     i = SRC.index("#if defined(KVLAB_INT4_WRITE_LEAN2)\n// floor(n / d)")
     assert SRC.index("__device__ __forceinline__ unsigned udiv_small") > i

@@ -191,14 +191,15 @@ def test_wgmma_prefill_sass_softmax_lean(monkeypatch):
         assert r2ur == 0 if d == 128 else r2ur <= 24, (fmt, d, r2ur)
 
 
-@pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_LEAN2"])
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_DIV64"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
-    """The MMA8 int4 write's tail, the lean one (the default since session 7,
-    docs/notes-int4-write-mma.md), the previous one (-DKVLAB_INT4_WRITE_PLAIN_TAIL) and the
-    session-8 experiment -DKVLAB_INT4_WRITE_LEAN2 (the lean write with cheaper index math): every
-    reshape_and_cache instantiation compiles without spills, and the d = 128 16-bit int4
-    kernels keep sm_90's 80 registers (3 blocks/SM)."""
+    """The MMA8 int4 write (docs/notes-int4-write-mma.md) in its three builds: the default (the
+    lean tail of session 7 with LEAN2's index math, the default since session 8), the previous
+    tail (-DKVLAB_INT4_WRITE_PLAIN_TAIL) and the lean tail with session 7's index math
+    (-DKVLAB_INT4_WRITE_DIV64, C++ 64-bit divisions): every reshape_and_cache instantiation
+    compiles without spills, and the d = 128 16-bit int4 kernels keep sm_90's 80 registers
+    (3 blocks/SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("reshape_and_cache", arch)
     assert len(reports) == len(loader.FAMILIES["reshape_and_cache"])
@@ -213,8 +214,10 @@ def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
 
 def test_int4_write_lean_rcp_has_no_slow_path(monkeypatch):
     """rcp_rn_scale is __frcp_rn's fast path only: the default (lean) d = 128 kernel's cubin names
-    no reciprocal slow path, -DKVLAB_INT4_WRITE_PLAIN_TAIL's (__frcp_rn) does (the test's own
-    control); -DKVLAB_INT4_WRITE_LEAN, the lean tail's A/B name, builds the default."""
+    no reciprocal slow path, nor does -DKVLAB_INT4_WRITE_DIV64's (the same tail with session 7's
+    index math, a different cubin); -DKVLAB_INT4_WRITE_PLAIN_TAIL's (__frcp_rn) does (the test's
+    own control). -DKVLAB_INT4_WRITE_LEAN and -DKVLAB_INT4_WRITE_LEAN2, the A/B names of the lean
+    tail (session 7) and of its index math (session 8), build the default."""
     import io
 
     from cupy.cuda import compiler
@@ -231,6 +234,39 @@ def test_int4_write_lean_rcp_has_no_slow_path(monkeypatch):
     default = cubin("")
     assert b"rcp_rn" not in default
     assert cubin("-DKVLAB_INT4_WRITE_LEAN") == default
+    assert cubin("-DKVLAB_INT4_WRITE_LEAN2") == default
+    div64 = cubin("-DKVLAB_INT4_WRITE_DIV64")
+    assert b"rcp_rn" not in div64
+    assert div64 != default
+
+
+@pytest.mark.parametrize("opts, ok", [
+    ("-DKVLAB_INT4_WRITE_DIV64", True),
+    ("-DKVLAB_INT4_WRITE_DIV64 -DKVLAB_INT4_WRITE_LEAN", True),
+    ("-DKVLAB_INT4_WRITE_LEAN2 -DKVLAB_INT4_WRITE_MMA8", True),
+    ("-DKVLAB_INT4_WRITE_DIV64 -DKVLAB_INT4_WRITE_LEAN2", False),
+    ("-DKVLAB_INT4_WRITE_DIV64 -DKVLAB_INT4_WRITE_PLAIN_TAIL", False),
+    ("-DKVLAB_INT4_WRITE_LEAN2 -DKVLAB_INT4_WRITE_PLAIN_TAIL", False),
+    ("-DKVLAB_INT4_WRITE_DIV64 -DKVLAB_INT4_WRITE_CUDA_CORES", False),
+    ("-DKVLAB_INT4_WRITE_DIV64 -DKVLAB_INT4_WRITE_MMA", False),
+])
+def test_int4_write_index_math_switches(opts, ok, monkeypatch):
+    """-DKVLAB_INT4_WRITE_DIV64 / _LEAN2 choose the lean MMA8 write's index math: accepted with it,
+    an #error with each other (one index math at a time) and with the builds that have no lean
+    MMA8 write (_PLAIN_TAIL, _CUDA_CORES, _MMA), so that an A/B build cannot be mislabelled."""
+    import io
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    prog = compiler._NVRTCProgram(loader.read_source("reshape_and_cache"), "reshape_and_cache.cu",
+                                  name_expressions=["reshape_and_cache<3, 128, __nv_bfloat16, false>"],
+                                  method="ptx")
+    if ok:
+        prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+    else:
+        with pytest.raises(Exception, match="#error"):
+            prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
 
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_STAGE"])

@@ -1,10 +1,11 @@
 """reshape_and_cache's index math at large indices (kernels_cu/reshape_and_cache.cu): the int4
-d = 128 16-bit write under -DKVLAB_INT4_WRITE_LEAN2 computes token/head with udiv_small (launches
-up to 2^21 rows; a 64-bit division, div_s64_call, beyond) and block/slot with udiv_wide (slots
-below 2^31; div_s64_call beyond, which no test can reach: the cache would hold 2^31 slots). These
-tests put rows on both sides of 2^21 (rows of one launch, and slots) and compare the kernel with
-itself at small indices (same rows, small slots / split launches): the bytes must be identical.
-With the default build they check the default's index math the same way.
+d = 128 16-bit write (LEAN2's index math, the default since session 8) computes token/head with
+udiv_small (launches up to 2^21 rows; a 64-bit division, div_s64_call, beyond) and block/slot with
+udiv_wide (slots below 2^31; div_s64_call beyond, which no test can reach: the cache would hold
+2^31 slots). These tests put rows on both sides of 2^21 (rows of one launch, and slots) and compare
+the kernel with itself at small indices (same rows, small slots / split launches): the bytes must
+be identical. With -DKVLAB_INT4_WRITE_DIV64 (session 7's C++ 64-bit divisions, for A/B) they check
+that index math the same way.
 Memory: ~0.6 GB (slots) and ~1.7 GB (rows) on the device.
 """
 from __future__ import annotations
