@@ -25,9 +25,11 @@
 //     barriers see the same number of bar.sync and bar.arrive.
 // Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads them for the
 // launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG;
-// -DKVLAB_WGMMA_SOFTMAX_LEAN (same launch): the leaner consumer path of docs/notes-prefill-wgmma.md,
-// "Session 8 candidate" (uniform-register descriptors, lazy softmax max, 4-lane-per-row query
-// prologue and epilogue, permuted per-token scales).
+// The consumers' path is the lean one since session 8 (docs/notes-prefill-wgmma.md, "Session 8
+// candidate" and what the H200 measured: uniform-register descriptors, lazy softmax max, 4-lane-per-row
+// query prologue and epilogue with 16-byte global accesses, permuted per-token scales; int4 −9 %,
+// nvfp4 −7 %, auto −9 %, int8/fp8 ±0.5 % at 4k causal 32/8 d = 128). The session-7 consumer path
+// (eager max, 32-lane prologue/epilogue, descriptors through R2UR) is in git history (9a1af8e).
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -161,14 +163,10 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   __shared__ __align__(8) uint64_t full_bar[WS_NS];
   __shared__ __align__(8) uint64_t empty_bar[WS_NS];
 
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_UWARP)
   // the warp index broadcast from lane 0: ptxas then knows it (and the role branch, the warpgroup
   // index and the consumers' loop state) is warp-uniform and keeps the wgmma descriptors in
   // uniform registers instead of building them in R registers and moving them (R2UR) per HGMMA
   const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(0xffffffffu, tid >> 5, 0);
-#else
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-#endif
   const int seq = items[2 * blockIdx.x], tok0 = items[2 * blockIdx.x + 1];
   const int kvh = blockIdx.y;
   const int G = num_q_heads / num_kv_heads;
@@ -252,11 +250,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         const int s = it % WS_NS;
         const int p0 = lo + it * WG_KT;
         mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_SOFTMAX)
         ld.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));  // scales in PERM order
-#else
-        ld.store_tile(stage_k(s), stage_v(s), stage_par(s));
-#endif
         wg::fence_proxy_async();
         mbar_arrive(&full_bar[s]);
         if (it + 1 < ntiles) {
@@ -272,15 +266,9 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
     const int cw = warp - 4, cwg = cw >> 2;
     const int g = lane >> 2, c = lane & 3;
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_QUAD)
     pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
                                                                cs_sm, q, cw, lane, nrow, tok0, G, qs, num_q_heads,
                                                                kvh, scale_log2, k_scale);
-#else
-    pf_stage_queries<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF), cs_sm,
-                                                          q, cw, lane, nrow, tok0, G, qs, num_q_heads, kvh,
-                                                          scale_log2, k_scale);
-#endif
     wg::fence_proxy_async();  // Q rows: generic-proxy stores read by wgmma
     named_bar_sync(WS_BAR_Q, 256);
     const int r0 = cw * 16 + g, r1 = r0 + 8;
@@ -310,33 +298,21 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     const int my_turn = WS_BAR_TURN + cwg, other_turn = WS_BAR_TURN + (cwg ^ 1);
     if (cwg == 1) named_bar_arrive(WS_BAR_TURN, 256);  // consumer 0 issues first
 #endif
-    auto issue_s = [&](uint64_t bofs) {
-#pragma unroll
-      for (int k = 0; k < KC; ++k)
-        wg::MmaSS<WG_KT, CTQ>::run(s, qdesc + k * (DS::QK_KSTEP >> 4), kdesc0 + bofs + k * (DS::QK_KSTEP >> 4),
-                                   k > 0 ? 1 : 0);
-    };
-    auto issue_pv = [&](uint64_t bofs) {
-#pragma unroll
-      for (int kc = 0; kc < PC; ++kc)
-        wg::MmaRS<D, CTV>::run(acc, pa[kc], vdesc0 + bofs + kc * (DS::V_KSTEP >> 4), 1);
-    };
-
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN)
-    // Lean consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"): the descriptors come
+    // The consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"; the default since
+    // session 8, the session-7 loop is in git history, 9a1af8e): the descriptors come
     // from warp-uniform values only (the broadcast warp index above, the loop counter, a stage offset
     // carried from tile to tile), so ptxas builds them in uniform registers (UIADD3 / UIADD3.64) and
     // no R2UR sits in front of an HGMMA; a start address < 2^18 never carries out of the 14-bit
     // start field. The softmax moves its reference max lazily (pf_softmax_update_lazy: the O
     // rescale only when an exponent would exceed PF_LAZY_TAU), and the per-token scales come in the
     // producer's PERM order (16-byte loads).
-    auto issue_s_lean = [&](uint32_t so) {
+    auto issue_s = [&](uint32_t so) {
 #pragma unroll
       for (int k = 0; k < KC; ++k)
         wg::MmaSS<WG_KT, CTQ>::run(s, qdesc + k * (DS::QK_KSTEP >> 4), kdesc0 + so + k * (DS::QK_KSTEP >> 4),
                                    k > 0 ? 1 : 0);
     };
-    auto issue_pv_lean = [&](uint32_t so) {
+    auto issue_pv = [&](uint32_t so) {
 #pragma unroll
       for (int kc = 0; kc < PC; ++kc)
         wg::MmaRS<D, CTV>::run(acc, pa[kc], vdesc0 + so + kc * (DS::V_KSTEP >> 4), 1);
@@ -352,117 +328,46 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       if (k < ntiles) mbar_wait(&full_bar[st], (k / WS_NS) & 1);
 #if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
       named_bar_sync(my_turn, 256);
-      const bool pass = !(cwg == 1 && k == ntiles);
-#endif
-      if (pact && sact) {
-        wg::reg_fence(acc);
-        wg::fence();
-        issue_pv_lean(pso);
-        issue_s_lean(so);
-        wg::commit();
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
-        wg::wait<0>();
-        wg::reg_fence(acc);
-        wg::reg_fence(s);
-      } else if (pact) {
-        wg::reg_fence(acc);
-        wg::fence();
-        issue_pv_lean(pso);
-        wg::commit();
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
-        wg::wait<0>();
-        wg::reg_fence(acc);
-      } else if (sact) {
-        wg::fence();
-        issue_s_lean(so);
-        wg::commit();
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
-        wg::wait<0>();
-        wg::reg_fence(s);
-      } else {
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
-      }
-      if (k > 0) {
-        __syncwarp();
-        if (lane == 0) mbar_arrive(&empty_bar[(k - 1) % WS_NS]);
-      }
-      if (sact) {
-        const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
-        const float* par = stage_par(st);
-#if defined(KVLAB_WGMMA_LEAN_NO_SOFTMAX)  // session-8 bisect: the default softmax and scale order
-        pf_softmax_update<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
-#pragma unroll
-        for (int kc = 0; kc < PC; ++kc)
-          pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
-#else
-        pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
-#pragma unroll
-        for (int kc = 0; kc < PC; ++kc)
-          pf_p_operand_perm<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
-#endif
-      }
-      pact = sact;
-      pso = so;
-      so = (st == WS_NS - 1) ? 0u : so + static_cast<uint32_t>(SM::STAGE >> 4);
-    }
-#else
-    // block k: P'·V of tile k-1 (if this warpgroup computed its softmax) and S of tile k (if its
-    // rows reach it), one commit group, one wait; the stage of tile k-1 is released after it
-    bool pact = false;
-    uint64_t pofs = 0;
-#pragma unroll 1
-    for (int k = 0; k <= ntiles; ++k) {
-      const int p0 = lo + k * WG_KT;
-      const int st = k % WS_NS;
-      const bool sact = k < ntiles && ghas && gmax >= p0 && !(window > 0 && p0 + WG_KT - 1 <= gmin - window);
-      const uint64_t sofs = static_cast<uint64_t>((st * SM::STAGE) >> 4);
-      if (k < ntiles) mbar_wait(&full_bar[st], (k / WS_NS) & 1);
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-      named_bar_sync(my_turn, 256);
       const bool pass = !(cwg == 1 && k == ntiles);  // the last turn goes nowhere: counts match
 #endif
-      // hand the tensor cores to the other consumer warpgroup (right after this one's commit)
-      auto hand_over = [&]() {
-#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
-        if (pass) named_bar_arrive(other_turn, 256);
-#endif
-      };
-      // issue and wait in the same branch (ptxas serialises wgmma otherwise, C7518)
+      // block k: P'·V of tile k-1 (if this warpgroup computed its softmax) and S of tile k (if its
+      // rows reach it), one commit group, one wait; issue and wait in the same branch (ptxas
+      // serialises wgmma otherwise, C7518); the stage of tile k-1 is released after it
       if (pact && sact) {
         wg::reg_fence(acc);
         wg::fence();
-        issue_pv(pofs);
-        issue_s(sofs);
+        issue_pv(pso);
+        issue_s(so);
         wg::commit();
-        hand_over();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
         wg::wait<0>();
         wg::reg_fence(acc);
         wg::reg_fence(s);
       } else if (pact) {
         wg::reg_fence(acc);
         wg::fence();
-        issue_pv(pofs);
+        issue_pv(pso);
         wg::commit();
-        hand_over();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
         wg::wait<0>();
         wg::reg_fence(acc);
       } else if (sact) {
         wg::fence();
-        issue_s(sofs);
+        issue_s(so);
         wg::commit();
-        hand_over();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
         wg::wait<0>();
         wg::reg_fence(s);
       } else {
-        hand_over();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
       }
       if (k > 0) {
         __syncwarp();
@@ -471,25 +376,18 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       if (sact) {
         const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
         const float* par = stage_par(st);
-        float nm0, nm1;
-        pf_softmax_update<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
+        pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
 #pragma unroll
         for (int kc = 0; kc < PC; ++kc)
-          pf_p_operand<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+          pf_p_operand_perm<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
       }
       pact = sact;
-      pofs = sofs;
+      pso = so;
+      so = (st == WS_NS - 1) ? 0u : so + static_cast<uint32_t>(SM::STAGE >> 4);
     }
 
-#endif
-
-#if defined(KVLAB_WGMMA_SOFTMAX_LEAN) && !defined(KVLAB_WGMMA_LEAN_NO_QUAD)
     pf_epilogue_quad<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out,
                                                                      r0, r1, c, cw, lane, nrow, tok0, G, qs,
                                                                      num_q_heads, kvh, v_scale);
-#else
-    pf_epilogue<FMT, D, T, WG_ROWS, WS_CW, SM::ORS, WS_BAR_EPI>(acc, l0, l1, reinterpret_cast<float*>(pf_smem), out, r0, r1, c,
-                                                    cw, lane, nrow, tok0, G, qs, num_q_heads, kvh, v_scale);
-#endif
   }
 }

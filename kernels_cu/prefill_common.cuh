@@ -361,7 +361,7 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
   }
 }
 
-// Lean query prologue (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other caller): the
+// Lean query prologue (the wgmma kernel since session 8; no other caller): the
 // same values in q_sm / cs_sm as pf_stage_queries, with 4 lanes per row instead of 32. Lane
 // (rr = lane / 4, qc = lane % 4) holds dims qc·D/4 … +D/4 of row warp + (b + rr)·NWARPS, so a warp
 // stages 8 rows at once; the int4 rotation runs D/4-element register stages and 2 shuffle
@@ -497,7 +497,7 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
   }
 }
 
-// Lazy variant of pf_softmax_update (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other
+// Lazy variant of pf_softmax_update (the wgmma kernel since session 8; no other
 // caller; per-token scales in the PERM order of PfTileLoader::store_params). The reference max m of a row (the exponent offset nm = −m·cs, state kept across tiles
 // by the caller, nm = 0 while m = NEG_BIG) is moved only when some row of the warp would see an
 // exponent above PF_LAZY_TAU (log2 units: P ≤ 2^PF_LAZY_TAU), and then every row of the warp takes
@@ -668,7 +668,7 @@ __device__ __forceinline__ void pf_epilogue(const float (&acc)[ON][4], float l0,
   }
 }
 
-// Lean epilogue (the wgmma kernel under -DKVLAB_WGMMA_SOFTMAX_LEAN; no other caller): pf_epilogue's
+// Lean epilogue (the wgmma kernel since session 8; no other caller): pf_epilogue's
 // first part unchanged (row sums, output rows into o_sm, the two barriers), then 4 lanes per
 // output row as in pf_stage_queries_quad: lane (rr, qc) reads dims qc·D/4 … of row
 // warp + (b + rr)·NWARPS with 16-byte loads, the int4 inverse rotation runs as

@@ -1,7 +1,7 @@
 """Per-tile instruction counts of the wgmma prefill's consumer loop, without a GPU.
 
     python scripts/sass_tile_paths.py '<3, 128, __nv_bfloat16'
-    KVLAB_NVRTC_OPTIONS=-DKVLAB_WGMMA_SOFTMAX_LEAN python scripts/sass_tile_paths.py '<0, 128, __nv_bfloat16'
+    python scripts/sass_tile_paths.py '<0, 128, __nv_bfloat16'   # the session-8 (lean) consumer loop
 
 Compiles the matching ``paged_prefill_wgmma`` instantiations (scripts/sass_stats.py's compile,
 the loader's options, ``KVLAB_NVRTC_OPTIONS`` included), finds the consumer tile loop (the

@@ -1,9 +1,10 @@
-"""NumPy float32 emulation of the wgmma prefill consumer's online softmax, default path and the
-lazy path of ``-DKVLAB_WGMMA_SOFTMAX_LEAN`` (no GPU needed).
+"""NumPy float32 emulation of the prefill consumers' online softmax: the eager path (the v2
+``mma`` kernel, and the wgmma kernel until session 7) and the lazy path (the wgmma kernel since
+session 8; developed as ``-DKVLAB_WGMMA_SOFTMAX_LEAN``) (no GPU needed).
 
-``kernels_cu/prefill_common.cuh``: ``pf_softmax_update`` (default) moves each row's reference max
+``kernels_cu/prefill_common.cuh``: ``pf_softmax_update`` (eager) moves each row's reference max
 to the exact running max on every tile and rescales the O accumulator and the row sum whenever
-a row max of the warp moved; ``pf_softmax_update_lazy`` (lean switch) moves them only when some
+a row max of the warp moved; ``pf_softmax_update_lazy`` (wgmma) moves them only when some
 row of the warp would see an exponent above ``PF_LAZY_TAU`` (8, log2 units), so P = exp2(s·cs −
 m·cs) may reach 2^8. ``pf_p_operand`` (both) forms P, adds it to the row sum and rounds
 P' = P·(per-token V scale) to the P·V operand type.

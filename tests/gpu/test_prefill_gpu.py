@@ -308,7 +308,7 @@ def test_prefill_emulation_matches_reference(fmt):
 def test_queries_and_output_off_16_byte_boundaries(rng, fmt, prefill_variant):
     """q and out as views 2 bytes past a 16-byte boundary (element 1 of a larger buffer): kernels
     that move whole 16-byte chunks of q rows or output rows where the base allows it
-    (-DKVLAB_WGMMA_SOFTMAX_LEAN's 4-lane prologue/epilogue) must take their element-wise path."""
+    (the wgmma kernel's 4-lane prologue/epilogue since session 8) must take their element-wise path."""
     import torch
 
     from kvlab.cuda.attention import plan_paged_attention
