@@ -24,6 +24,18 @@
 // bytes per row for int4 (68 at D = 128), D+4 for int8/fp8, D/2+D/16 for nvfp4, 2D for auto.
 // Rows of int4/int8/fp8 are only 4-byte aligned (row bytes = D/2+4 or D+4), so their loads
 // are 32-bit; nvfp4 data rows and auto rows are 16-byte aligned and use 16-byte loads.
+//
+// The paged kernel's int4 stages of two full chunks run as one body (stage_pair_int4) since
+// session 8 (docs/perf-notes.md, "Session 9 candidate: -DKVLAB_DECODE_STAGE", prepared offline
+// and measured on the H200 in session 8: int4 paged B = 32 × 8k 0.1075 vs 0.1119 ms, B = 1 × 128k
+// 0.0900 vs 0.0931 ms). -DKVLAB_DECODE_NO_STAGE builds the per-chunk tile math for every stage
+// (session 7's kernel) for A/B.
+#if !defined(KVLAB_DECODE_NO_STAGE) && !defined(KVLAB_DECODE_STAGE)
+#define KVLAB_DECODE_STAGE
+#endif
+#if defined(KVLAB_DECODE_NO_STAGE) && defined(KVLAB_DECODE_STAGE)
+#error "KVLAB_DECODE_STAGE (the default) and KVLAB_DECODE_NO_STAGE exclude each other"
+#endif
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -559,7 +571,7 @@ __device__ __forceinline__ void head_tile_pair(
 }
 
 #ifdef KVLAB_DECODE_STAGE
-// ---- -DKVLAB_DECODE_STAGE (experiment, docs/perf-notes.md "Session 9 candidate"): the paged
+// ---- KVLAB_DECODE_STAGE (the default since session 8; docs/perf-notes.md "Session 9 candidate"): the paged
 // kernel's int4 stage of two full 16-token chunks as one unit. Same results as two
 // head_tile_math calls up to float32 rounding (one softmax update per 32 tokens, as
 // head_tile_pair; the softmax scale applied in the exp2's FFMA).
