@@ -24,7 +24,7 @@
 //     all ntiles + 1 blocks (skipped tiles issue nothing but keep the handshake), so both named
 //     barriers see the same number of bar.sync and bar.arrive.
 // Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads them for the
-// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG;
+// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG.
 // The consumers' path is the lean one since session 8 (docs/notes-prefill-wgmma.md, "Session 8
 // candidate" and what the H200 measured: uniform-register descriptors, lazy softmax max, 4-lane-per-row
 // query prologue and epilogue with 16-byte global accesses, permuted per-token scales; int4 −9 %,
@@ -332,7 +332,9 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
 #endif
       // block k: P'·V of tile k-1 (if this warpgroup computed its softmax) and S of tile k (if its
       // rows reach it), one commit group, one wait; issue and wait in the same branch (ptxas
-      // serialises wgmma otherwise, C7518); the stage of tile k-1 is released after it
+      // serialises wgmma otherwise, C7518); the stage of tile k-1 is released after it. The turn
+      // hand-over (bar.arrive right after the commit) is written out in each branch: as a lambda
+      // ptxas schedules this loop differently from the build measured on the H200 (session 8).
       if (pact && sact) {
         wg::reg_fence(acc);
         wg::fence();
