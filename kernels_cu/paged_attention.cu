@@ -452,14 +452,12 @@ __device__ __forceinline__ void token_scores(const SV (&s)[4], const HeadRaw<FMT
 // Online softmax of column g over N scores of this thread (the quad holds the tile's tokens):
 // new running max m (rescaling l, z and the accumulators when it grew), e[i] = 2^(x[i] - m),
 // l += Σ e.
-template <int N, int D>
-__device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, float& l, float& z,
-                                               float (&acc)[D / 16][4], int c, float (&e)[N]) {
-  static_assert(N == 4 || N == 8, "one or two tiles");
-  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-  if constexpr (N == 8) mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+// The running max of a column moves to mx (log2 units) when any lane's grew: l, z and the
+// accumulator columns 2c, 2c+1 are rescaled by exp2(m_old - m_new). Shared by online_softmax and
+// the int4 stage body.
+template <int D>
+__device__ __forceinline__ void softmax_move_max(float mx, float& m, float& l, float& z, float (&acc)[D / 16][4],
+                                                 int c) {
   if (__any_sync(0xffffffffu, mx > m)) {
     const float mn = fmaxf(m, mx);
     const float al = ex2_approx(m - mn);
@@ -474,6 +472,17 @@ __device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, fl
       acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
     }
   }
+}
+
+template <int N, int D>
+__device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, float& l, float& z,
+                                               float (&acc)[D / 16][4], int c, float (&e)[N]) {
+  static_assert(N == 4 || N == 8, "one or two tiles");
+  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  if constexpr (N == 8) mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  softmax_move_max<D>(mx, m, l, z, acc, c);
 #pragma unroll
   for (int i = 0; i < N; ++i) e[i] = ex2_approx(x[i] - m);
 #pragma unroll
@@ -631,19 +640,7 @@ __device__ __forceinline__ void stage_pair_int4(const HeadRaw<INT4, D>& ra, cons
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
   mx *= cs;
-  if (__any_sync(0xffffffffu, mx > m)) {
-    const float mn = fmaxf(m, mx);
-    const float al = ex2_approx(m - mn);
-    m = mn;
-    l *= al;
-    z *= al;
-    const float a0 = __shfl_sync(0xffffffffu, al, 8 * c);
-    const float a1 = __shfl_sync(0xffffffffu, al, 8 * c + 4);
-#pragma unroll
-    for (int j = 0; j < D / 16; ++j) {
-      acc[j][0] *= a0; acc[j][1] *= a1; acc[j][2] *= a0; acc[j][3] *= a1;
-    }
-  }
+  softmax_move_max<D>(mx, m, l, z, acc, c);
   const float nm = -m;
   float ea[4], eb[4];
 #pragma unroll
