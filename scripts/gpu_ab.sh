@@ -19,6 +19,9 @@
 #   PROFILE_PREFILL='int4_per_token_head auto'   Nsight Compute over one wgmma prefill launch per
 #                                      format (scripts/profile_prefill.py), after the benches: the
 #                                      details page, raw metrics and the per-SASS-line stall samples
+#   PROFILE_DECODE='int4_per_token_head:32:8192:paged int4_per_token_head:1:131072:per_head'
+#                                      Nsight Compute over one decode launch per case
+#                                      (scripts/profile_decode.py FORMAT:B:CTX:VARIANT), after the benches
 #   DEADLINE=570                       seconds after start at which nothing new is started
 # Everything lands in $OUT/ab.tgz (the device tool brings back only a few files) plus summary.txt.
 set -uo pipefail
@@ -98,6 +101,22 @@ for pf in ${PROFILE_PREFILL:-}; do
   echo "prefill profile $pf done [$(el) s]"
   grep -E "^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput)" "$rep.txt" | head -6
 done
+if [ -n "${PROFILE_DECODE:-}" ] && [ "$(left)" -gt 60 ]; then
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+  if [ -n "$NCU" ]; then
+    lim=$(left); lim=$(( lim - 20 )); rep="$OUT/ncu_decode"; n=$(wc -w <<< "$PROFILE_DECODE")
+    # shellcheck disable=SC2086
+    timeout "$lim" "$NCU" --clock-control none --set full --import-source yes --export "$rep" --force-overwrite \
+      -k regex:'paged_attention_decode' -c "$n" python3 scripts/profile_decode.py $PROFILE_DECODE > "$rep.txt" 2>&1
+    if [ -f "$rep.ncu-rep" ]; then
+      "$NCU" --import "$rep.ncu-rep" --page details >> "$rep.txt" 2>&1
+      "$NCU" --import "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2>&1
+      "$NCU" --import "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_source.csv" 2>&1
+    fi
+    echo "decode profile done [$(el) s]"
+    grep -E "paged_attention_decode|^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|DRAM Throughput)" "$rep.txt" | head -24
+  fi
+fi
 echo "================ summary ================"
 for f in "$OUT"/bench_*/results.md; do
   [ -f "$f" ] && echo "# $(basename "$(dirname "$f")")" && sed -n '/^## /,$p' "$f" \

@@ -6,7 +6,15 @@ API used by every suite (``suite_*.py``):
   times ``fn()`` (which launches GPU work on the current CuPy/torch stream — both are the
   legacy default stream unless the caller changed them) with CUDA events around each call.
   With ``cold_l2`` a buffer of twice the L2 size is overwritten before each repeat (outside
-  the timed interval), so no repeat reads its inputs from L2.
+  the timed interval), so no repeat reads its inputs from L2. With ``hide_launch`` (the
+  default) a one-thread GPU wait (``kernels_cu/bench_spin.cu``) is queued between the flush and
+  the start event, longer than the host takes to enqueue ``fn()``: the GPU reaches the start
+  event only once the whole call is queued, so the events time the kernels (and the GPU-side
+  gaps between them), not the host's Python and launch work. Without it a call whose host part
+  outlasts the flush shows that excess as GPU idle time inside the timed interval (measured on
+  the H200 in session 9: ~15 µs on every kvlab attention call, ``docs/perf-notes.md``).
+  ``hide_launch=False`` is for rows that mean to include the host (the decode suite's "whole
+  call").
 * :func:`copy_bandwidth_gbps` ``(nbytes) -> float``: GB/s of a device-to-device copy that
   moves ``nbytes`` in total (``nbytes/2`` read + ``nbytes/2`` written) — the bandwidth
   ceiling a kernel moving ``nbytes`` is compared with, measured in the same process.
@@ -44,16 +52,34 @@ def synchronize() -> None:
     cupy.cuda.runtime.deviceSynchronize()
 
 
-def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3) -> dict:
+#: bounds of the GPU wait queued ahead of each timed call (ns): at least 200 µs, at most 50 ms
+SPIN_MIN_NS, SPIN_MAX_NS = 200_000, 50_000_000
+
+
+def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3, hide_launch: bool = True) -> dict:
     """Median and 10th/90th percentile milliseconds of ``fn()`` over ``repeats`` timed calls.
 
-    The first ``warmup`` calls (compilation, allocator warm-up) are not timed.
+    The first ``warmup`` calls (compilation, allocator warm-up) are not timed; the last of them
+    also measures the host's enqueue time of one call (``host_ms`` in the result, wall clock
+    from the call to its return, GPU work not waited for). With ``hide_launch`` the GPU waits
+    ``clip(3 · host_ms, 0.2 ms, 50 ms)`` before each start event (see the module docstring).
     """
+    import time
+
     import cupy
 
-    for _ in range(max(warmup, 1)):
+    for _ in range(max(warmup - 1, 0)):
         fn()
     synchronize()
+    t_host = time.perf_counter()
+    fn()
+    host_ms = (time.perf_counter() - t_host) * 1e3
+    synchronize()
+    spin_ns = 0
+    if hide_launch:
+        from ..cuda.bench_spin import spin
+
+        spin_ns = int(min(max(3 * host_ms * 1e6, SPIN_MIN_NS), SPIN_MAX_NS))
     dev = cupy.cuda.runtime.getDevice()
     flush = _flush_buffer(dev) if cold_l2 else None
     starts = [cupy.cuda.Event() for _ in range(repeats)]
@@ -61,6 +87,8 @@ def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3) -> di
     for i in range(repeats):
         if flush is not None:
             flush.fill(i & 0xFF)  # overwrite 2x L2 so the next call starts cold
+        if spin_ns:
+            spin(spin_ns)  # the GPU waits while the host queues fn(): the events see no host time
         starts[i].record()
         fn()
         ends[i].record()
@@ -68,7 +96,8 @@ def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3) -> di
     synchronize()
     t = np.array([cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
     return dict(median_ms=float(np.median(t)), p10_ms=float(np.percentile(t, 10)),
-                p90_ms=float(np.percentile(t, 90)), repeats=int(repeats))
+                p90_ms=float(np.percentile(t, 90)), repeats=int(repeats), host_ms=float(host_ms),
+                hide_launch=bool(hide_launch))
 
 
 @functools.cache
