@@ -36,6 +36,12 @@
 #if defined(KVLAB_DECODE_NO_STAGE) && defined(KVLAB_DECODE_STAGE)
 #error "KVLAB_DECODE_STAGE (the default) and KVLAB_DECODE_NO_STAGE exclude each other"
 #endif
+// -DKVLAB_DECODE_STAGE_NVFP4 (session 9 candidate, docs/perf-notes.md "Session 9 candidate:
+// -DKVLAB_DECODE_STAGE_NVFP4"): the stage body for nvfp4 as well (stage_body_nvfp4), on top of the
+// int4 one; the nvfp4 part of session 8's -DKVLAB_DECODE_STAGE_ALL (nvfp4 paged -3.5 % there).
+#if defined(KVLAB_DECODE_STAGE_NVFP4) && defined(KVLAB_DECODE_NO_STAGE)
+#error "KVLAB_DECODE_STAGE_NVFP4 extends the default stage body: not with KVLAB_DECODE_NO_STAGE"
+#endif
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -620,6 +626,28 @@ __device__ __forceinline__ void stage_scores_int4(const int (&I)[4], const HeadR
   }
 }
 
+// Online-softmax update of column g over N unscaled scores x' of a stage (the quad holds its
+// tokens; stage_pair_int4 and, under KVLAB_DECODE_STAGE_NVFP4, stage_body_nvfp4): m = sc·max x'
+// (exact: sc ≥ 0, rounding is monotonic), the lazy rescale, e = 2^(x'·sc − m) in one FFMA,
+// l += Σ e (for N = 8 as ((4 terms) + (4 terms))). m, l, z, acc stay in head_tile_math's scaled
+// domain (the edge stages run that).
+template <int N, int D>
+__device__ __forceinline__ void stage_softmax(const float (&x)[N], float sc, float& m, float& l, float& z,
+                                              float (&acc)[D / 16][4], int c, float (&e)[N]) {
+  static_assert(N == 4 || N == 8, "one or two tiles");
+  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+  if constexpr (N == 8) mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  mx *= sc;
+  softmax_move_max<D>(mx, m, l, z, acc, c);
+  const float nm = -m;
+#pragma unroll
+  for (int i = 0; i < N; ++i) e[i] = ex2_approx(fmaf(x[i], sc, nm));
+  if constexpr (N == 4) l += (e[0] + e[1]) + (e[2] + e[3]);
+  else l += ((e[0] + e[1]) + (e[2] + e[3])) + ((e[4] + e[5]) + (e[6] + e[7]));
+}
+
 // Two full int4 tiles (ra at p0, rb at p0 + 16) with one online-softmax update: the column max
 // is taken over the unscaled x' and scaled once (m = cs·max x': exact, since cs ≥ 0 and
 // rounding is monotonic), e = 2^(x'·cs − m) in one FFMA; m, l, z, acc stay in the scaled
@@ -636,19 +664,10 @@ __device__ __forceinline__ void stage_pair_int4(const HeadRaw<INT4, D>& ra, cons
   float xa[4], xb[4], vsc_a[4], vzp_a[4], vsc_b[4], vzp_b[4];
   stage_scores_int4<D>(Ia, ra, nq, xa, vsc_a, vzp_a);
   stage_scores_int4<D>(Ib, rb, nq, xb, vsc_b, vzp_b);
-  float mx = fmaxf(fmaxf(fmaxf(xa[0], xa[1]), fmaxf(xa[2], xa[3])), fmaxf(fmaxf(xb[0], xb[1]), fmaxf(xb[2], xb[3])));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-  mx *= cs;
-  softmax_move_max<D>(mx, m, l, z, acc, c);
-  const float nm = -m;
-  float ea[4], eb[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    ea[i] = ex2_approx(fmaf(xa[i], cs, nm));
-    eb[i] = ex2_approx(fmaf(xb[i], cs, nm));
-  }
-  l += ((ea[0] + ea[1]) + (ea[2] + ea[3])) + ((eb[0] + eb[1]) + (eb[2] + eb[3]));
+  const float x[8] = {xa[0], xa[1], xa[2], xa[3], xb[0], xb[1], xb[2], xb[3]};
+  float e[8];
+  stage_softmax<8, D>(x, cs, m, l, z, acc, c, e);
+  const float ea[4] = {e[0], e[1], e[2], e[3]}, eb[4] = {e[4], e[5], e[6], e[7]};
   uint32_t pa0, pa1, pb0, pb1;
   pack_p<INT4, D, T>(ea, vsc_a, vzp_a, z, pa0, pa1);
   pack_p<INT4, D, T>(eb, vsc_b, vzp_b, z, pb0, pb1);
@@ -656,6 +675,58 @@ __device__ __forceinline__ void stage_pair_int4(const HeadRaw<INT4, D>& ra, cons
   pv_mma<INT4, D, T>(ra, acc, none, none, pa0, pa1, mlo);
   pv_mma<INT4, D, T>(rb, acc, none, none, pb0, pb1, mlo);
 }
+
+#ifdef KVLAB_DECODE_STAGE_NVFP4
+// ---- KVLAB_DECODE_STAGE_NVFP4 (docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE_NVFP4"):
+// the stage-level body for nvfp4 (fp16 Q·K path), session 8's -DKVLAB_DECODE_STAGE_ALL restricted
+// to nvfp4: a stage whose chunks (two at d = 64 / 128, one at d = 256) are all full runs one body
+// with one online-softmax update per stage and the softmax scale kc in the exp2's FFMA, as
+// stage_pair_int4. The unscaled score x' is the raw dot product s of qk_scores (the score is
+// s·kc), the V factor of pack_p is 1 (the scales are in the MMA's V operand). Same results as
+// head_tile_math per chunk up to float32 rounding.
+// NT = 1 or 2 full tiles (ra at p0, rb at p0 + 16; rb unused for NT = 1) as one unit: both
+// S = Q·K^T chains, one softmax update, both P·V.
+template <int D, typename T, int NT>
+__device__ __forceinline__ void stage_body_nvfp4(const HeadRaw<NVFP4, D>& ra, const HeadRaw<NVFP4, D>& rb,
+                                                 float (&acc)[D / 16][4], float& m, float& l, float& z,
+                                                 const uint32_t (&qa)[D / 16][2], float kc, uint32_t mlo,
+                                                 uint32_t mhi, int lane) {
+  static_assert(NT == 1 || NT == 2, "one or two tiles");
+  constexpr int NGK = TileRaw<NVFP4, D>::NGK;
+  constexpr int NGV = TileRaw<NVFP4, D>::NGV;
+  const int c = lane & 3;
+  uint32_t sfk_a[NGK], sfk_a8[NGK], sfv01_a[NGV], sfv23_a[NGV];
+  uint32_t sfk_b[NGK], sfk_b8[NGK], sfv01_b[NGV], sfv23_b[NGV];
+  float x[4 * NT], e[4 * NT], sa[4], sb[4];
+  const float vsc[4] = {1.f, 1.f, 1.f, 1.f};   // nvfp4: V scales in the MMA operand
+  const float vzp[4] = {0.f, 0.f, 0.f, 0.f};   // int4 only (pack_p)
+  tile_scales<NVFP4, D>(ra, c, sfk_a, sfk_a8, sfv01_a, sfv23_a);
+  qk_scores<NVFP4, D, T>(ra, qa, sfk_a, sfk_a8, mlo, mhi, sa);
+  if constexpr (NT == 2) {
+    tile_scales<NVFP4, D>(rb, c, sfk_b, sfk_b8, sfv01_b, sfv23_b);
+    qk_scores<NVFP4, D, T>(rb, qa, sfk_b, sfk_b8, mlo, mhi, sb);
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) x[i] = sa[i];
+  if constexpr (NT == 2) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) x[4 + i] = sb[i];
+  }
+  stage_softmax<4 * NT, D>(x, kc, m, l, z, acc, c, e);
+  uint32_t pa0, pa1;
+  const float ea[4] = {e[0], e[1], e[2], e[3]};
+  pack_p<NVFP4, D, T>(ea, vsc, vzp, z, pa0, pa1);
+  if constexpr (NT == 2) {
+    uint32_t pb0, pb1;
+    const float eb[4] = {e[4 * (NT - 1)], e[4 * (NT - 1) + 1], e[4 * (NT - 1) + 2], e[4 * (NT - 1) + 3]};
+    pack_p<NVFP4, D, T>(eb, vsc, vzp, z, pb0, pb1);
+    pv_mma<NVFP4, D, T>(ra, acc, sfv01_a, sfv23_a, pa0, pa1, mlo);
+    pv_mma<NVFP4, D, T>(rb, acc, sfv01_b, sfv23_b, pb0, pb1, mlo);
+  } else {
+    pv_mma<NVFP4, D, T>(ra, acc, sfv01_a, sfv23_a, pa0, pa1, mlo);
+  }
+}
+#endif  // KVLAB_DECODE_STAGE_NVFP4
 #endif  // KVLAB_DECODE_STAGE
 
 template <int FMT, int D, typename T>
@@ -1249,37 +1320,74 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // int4 stages of two full chunks as one unit (stage_pair_int4): this lane's words of a staged
   // buffer at three per-lane pointers into buffer 0 plus loop-invariant steps (multiples of
   // H·ROW bytes, warp-uniform); a stage adds its buffer offset once.
-  constexpr bool STAGE_BODY = (FMT == INT4) && ImmaQK<FMT>::value && (CPT == 2) && IL && !ROT;
+  constexpr bool STAGE_INT4 = (FMT == INT4) && ImmaQK<FMT>::value && (CPT == 2) && IL && !ROT;
+#ifdef KVLAB_DECODE_STAGE_NVFP4
+  // nvfp4 (fp16 Q·K path, consecutive-byte rows): stage_body_nvfp4, one or two chunks per stage
+  constexpr bool STAGE_NVFP4 = (FMT == NVFP4) && !ImmaQK<FMT>::value && !IL;
+#else
+  constexpr bool STAGE_NVFP4 = false;
+#endif
+  constexpr bool STAGE_BODY = STAGE_INT4 || STAGE_NVFP4;
   const uint8_t* lk = dsm + of.kg;    // K words of token kt (+ 16·i: word c + 4i)
   const uint8_t* lv = dsm + of.v[0];  // V words of token t4[0] (+ 32·k: word g + 8k)
   const uint8_t* lp = dsm + pk0;      // K parameter word of token t4[0]
   const int nq = -__float_as_int(qsum);   // −Σ q̂ (ImmaQK: qsum holds the int bits)
+#ifdef KVLAB_DECODE_STAGE_NVFP4
+  // nvfp4: this lane's K scale row of token kt (+ 8·H·S: token kt + 8) in buffer 0
+  const uint8_t* ls = dsm + ((FMT == NVFP4) ? of.skg : 0u);
+#endif
   // HC: the head count as a compile-time constant (8, the target shape: every step an LDS
   // immediate) or 0 (run time: ptxas re-derives the steps from the kernel parameter)
   auto fill_full = [&](Raw& r, uint32_t o, auto hc_tag) {   // o = buffer offset + chunk·16·H·ROW
     constexpr int HC = decltype(hc_tag)::value;
     const uint32_t hr = HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR);
     const uint32_t hr4 = 4u * hr, hr8 = 8u * hr, sside = TT * hr;   // side_sm = TT·H·ROW
+#ifdef KVLAB_DECODE_STAGE_NVFP4
+    if constexpr (FMT == NVFP4) {   // KB / VB consecutive bytes (16-byte loads at d = 128)
+      smem_words<TR::KB, TR::ALIGN>(lk + o, r.ka, true);
+      smem_words<TR::KB, TR::ALIGN>(lk + o + hr8, r.kb, true);
+      smem_words<TR::VB, TR::ALIGN>(lv + o, r.v0, true);
+      smem_words<TR::VB, TR::ALIGN>(lv + o + hr4, r.v1, true);
+      smem_words<TR::VB, TR::ALIGN>(lv + o + hr8, r.v2, true);
+      smem_words<TR::VB, TR::ALIGN>(lv + o + (hr8 + hr4), r.v3, true);
+      (void)sside;
+    } else   // (no parameter words: the scales are fill_scales')
+#endif
+    {
 #pragma unroll
-    for (int i = 0; i < KW; ++i) {
-      r.ka[i] = *reinterpret_cast<const uint32_t*>(lk + o + 16 * i);
-      r.kb[i] = *reinterpret_cast<const uint32_t*>(lk + o + hr8 + 16 * i);
-    }
-    constexpr int VW = TR::VB / 4;
+      for (int i = 0; i < KW; ++i) {
+        r.ka[i] = *reinterpret_cast<const uint32_t*>(lk + o + 16 * i);
+        r.kb[i] = *reinterpret_cast<const uint32_t*>(lk + o + hr8 + 16 * i);
+      }
+      constexpr int VW = TR::VB / 4;
 #pragma unroll
-    for (int k = 0; k < VW; ++k) {
-      r.v0[k] = *reinterpret_cast<const uint32_t*>(lv + o + 32 * k);
-      r.v1[k] = *reinterpret_cast<const uint32_t*>(lv + o + hr4 + 32 * k);
-      r.v2[k] = *reinterpret_cast<const uint32_t*>(lv + o + hr8 + 32 * k);
-      r.v3[k] = *reinterpret_cast<const uint32_t*>(lv + o + (hr8 + hr4) + 32 * k);
-    }
-    const uint32_t ro[4] = {0u, hr4, hr8, hr8 + hr4};
+      for (int k = 0; k < VW; ++k) {
+        r.v0[k] = *reinterpret_cast<const uint32_t*>(lv + o + 32 * k);
+        r.v1[k] = *reinterpret_cast<const uint32_t*>(lv + o + hr4 + 32 * k);
+        r.v2[k] = *reinterpret_cast<const uint32_t*>(lv + o + hr8 + 32 * k);
+        r.v3[k] = *reinterpret_cast<const uint32_t*>(lv + o + (hr8 + hr4) + 32 * k);
+      }
+      const uint32_t ro[4] = {0u, hr4, hr8, hr8 + hr4};
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      r.kp[i] = *reinterpret_cast<const uint32_t*>(lp + o + ro[i]);
-      r.vp[i] = *reinterpret_cast<const uint32_t*>(lp + o + sside + ro[i]);
+      for (int i = 0; i < 4; ++i) {
+        r.kp[i] = *reinterpret_cast<const uint32_t*>(lp + o + ro[i]);
+        r.vp[i] = *reinterpret_cast<const uint32_t*>(lp + o + sside + ro[i]);
+      }
     }
   };
+#ifdef KVLAB_DECODE_STAGE_NVFP4
+  // nvfp4: the K scale rows and V scale bytes of a full chunk; os = buffer offset + chunk·16·H·S
+  auto fill_scales = [&](Raw& r, uint32_t os, auto hc_tag) {
+    constexpr int HC = decltype(hc_tag)::value;
+    const uint32_t hs8 = 8u * (HC ? static_cast<uint32_t>(HC * S) : static_cast<uint32_t>(H * S));
+    smem_words<S, 4>(ls + os, r.skg, true);
+    smem_words<S, 4>(ls + os + hs8, r.skg8, true);
+#pragma unroll
+    for (int i = 0; i < NGV; ++i)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) r.sv[k][i] = static_cast<uint32_t>(dsm[os + of.sv[k][i]]);
+  };
+#endif
   uint32_t boff = 0u;   // b · stage_sm
 #endif
 
@@ -1298,10 +1406,29 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         auto body = [&](auto hc_tag) {
           constexpr int HC = decltype(hc_tag)::value;
           const uint32_t hr16 = 16u * (HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR));
-          Raw ra, rb;
-          fill_full(ra, boff, hc_tag);
-          fill_full(rb, boff + hr16, hc_tag);
-          stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
+          if constexpr (FMT == INT4) {
+            Raw ra, rb;
+            fill_full(ra, boff, hc_tag);
+            fill_full(rb, boff + hr16, hc_tag);
+            stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
+          }
+#ifdef KVLAB_DECODE_STAGE_NVFP4
+          else {   // nvfp4: stage_body_nvfp4 over the stage's CPT chunks
+            Raw ra;
+            fill_full(ra, boff, hc_tag);
+            fill_scales(ra, boff, hc_tag);
+            if constexpr (CPT == 2) {
+              const uint32_t hs16 = 16u * (HC ? static_cast<uint32_t>(HC * S) : static_cast<uint32_t>(H * S));
+              Raw rb;
+              fill_full(rb, boff + hr16, hc_tag);
+              fill_scales(rb, boff + hs16, hc_tag);
+              stage_body_nvfp4<D, T, 2>(ra, rb, acc, m, l, z, qa, kc, mlo, mhi, lane);
+            } else {
+              (void)hr16;
+              stage_body_nvfp4<D, T, 1>(ra, ra, acc, m, l, z, qa, kc, mlo, mhi, lane);
+            }
+          }
+#endif
         };
         if (H == 8) body(IntTag<8>{});
         else body(IntTag<0>{});

@@ -29,7 +29,8 @@ def test_switch_code_is_there():
     assert "#ifdef KVLAB_DECODE_STAGE" in s
     assert re.search(r"vzp\[i\] = __uint_as_float\(0x43000000u \+ \(\(wv & 0xFu\) << 16\)\);", s)
     assert "x[i] = __int2float_rn(I[i] + kz * nq) * __uint_as_float(wk & ~0xFu);" in s
-    assert "ea[i] = ex2_approx(fmaf(xa[i], cs, nm));" in s
+    assert "e[i] = ex2_approx(fmaf(x[i], sc, nm));" in s   # stage_softmax (shared with STAGE_NVFP4)
+    assert "stage_softmax<8, D>(x, cs, m, l, z, acc, c, e);" in s
 
 
 # --- the layout of the paged kernel (int4, d = 128 or 64), mirrored from head_offsets / fill

@@ -247,14 +247,15 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
             prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
 
 
-@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE"])
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_STAGE_NVFP4"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
     without stack or spills, in the default build (the paged kernel's int4 stage-level body since
-    session 8, docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE") and with
-    -DKVLAB_DECODE_NO_STAGE (session 7's per-chunk body); the int4 paged
-    kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
+    session 8, docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE"), with
+    -DKVLAB_DECODE_NO_STAGE (session 7's per-chunk body) and with -DKVLAB_DECODE_STAGE_NVFP4 (the
+    stage body for nvfp4 too, "Session 9 candidate: -DKVLAB_DECODE_STAGE_NVFP4"); the int4 and
+    nvfp4 paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
     assert len(reports) == len(loader.FAMILIES["paged_attention"])
@@ -265,4 +266,20 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
         regs = {r.name_expression: r.registers for r in reports}
         for t in ("__nv_bfloat16", "__half"):
             for d in (64, 128):
-                assert regs[f"paged_attention_decode_paged<3, {d}, {t}>"] <= 128
+                for fmt in (3, 4):
+                    assert regs[f"paged_attention_decode_paged<{fmt}, {d}, {t}>"] <= 128
+
+
+def test_decode_stage_nvfp4_excludes_no_stage(monkeypatch):
+    """-DKVLAB_DECODE_STAGE_NVFP4 extends the default stage body: an #error with
+    -DKVLAB_DECODE_NO_STAGE, so that an A/B build cannot be mislabelled."""
+    import io
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE")
+    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
+                                  name_expressions=["paged_attention_decode_paged<4, 128, __half>"],
+                                  method="ptx")
+    with pytest.raises(Exception, match="#error"):
+        prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
