@@ -24,7 +24,10 @@
 //     all ntiles + 1 blocks (skipped tiles issue nothing but keep the handshake), so both named
 //     barriers see the same number of bar.sync and bar.arrive.
 // Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads them for the
-// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG.
+// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG;
+// -DKVLAB_WGMMA_PRODUCER_AHEAD (int4/int8/fp8/nvfp4: two tiles of raw loads in flight per producer
+// thread, a second raw register set; no shared-memory change; docs/notes-prefill-wgmma.md,
+// "Session 9 candidate");
 // The consumers' path is the lean one since session 8 (docs/notes-prefill-wgmma.md, "Session 8
 // candidate" and what the H200 measured: uniform-register descriptors, lazy softmax max, 4-lane-per-row
 // query prologue and epilogue with 16-byte global accesses, permuted per-token scales; int4 −9 %,
@@ -88,10 +91,21 @@ static_assert(WS_NS >= 2 && WS_NS <= 4, "KVLAB_WGMMA_WS_STAGES: 2 .. 4 stages");
 // The producer holds one tile's raw half rows (int8/fp8 at d = 128: 32 words, otherwise <= 16):
 // ptxas fits its code into P (SASS: R0 .. R63 for int8 at d = 128, R0 .. R52 for nvfp4).
 constexpr int WS_LAUNCH_REGS = 168;
+#if !defined(KVLAB_WGMMA_PRODUCER_AHEAD)
 template <int FMT, int D>
 constexpr int ws_producer_regs() {
   return (D == 128 && (FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8)) ? 72 : 56;
 }
+#else
+// -DKVLAB_WGMMA_PRODUCER_AHEAD: two raw register sets (18 more words for int4/nvfp4 at d = 128,
+// 34 for int8/fp8): producer 80 / 104, consumers 208 / 200 (their code needs <= 197 / 163: SASS
+// R indices, docs/notes-prefill-wgmma.md "Session 9 candidate"); auto's copies are unchanged
+template <int FMT, int D>
+constexpr int ws_producer_regs() {
+  return FMT == kvlab::attn::AUTO ? 56
+         : (D == 128 && (FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8)) ? 104 : 80;
+}
+#endif
 template <int FMT, int D>
 constexpr int ws_consumer_regs() {
   return ((3 * WS_LAUNCH_REGS - ws_producer_regs<FMT, D>()) / 2) & ~7;
@@ -238,6 +252,48 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         mbar_arrive(&full_bar[(ntiles - 1) % WS_NS]);
       }
     } else {
+#if defined(KVLAB_WGMMA_PRODUCER_AHEAD)
+      // two tiles of raw loads in flight per thread: ld holds the even tiles, lb the odd ones (a
+      // copy of ld: the same pointers and strides, its own raw registers; the loop is unrolled by
+      // two so that no register moves between the sets). The raw bytes of tile it+2 are loaded
+      // right after tile it is stored, while tile it+1's are still in flight; block ids are loaded
+      // a tile ahead of their raw loads, as in the default. Tiles 0 and 1 leave together.
+      Loader lb = ld;
+      int blk = 0;
+      if (ntiles > 0) {
+        const int b0 = ld.block_of(lo);
+        const int b1 = ntiles > 1 ? ld.block_of(lo + WG_KT) : 0;
+        ld.load_raw(lo, b0);
+        if (ntiles > 1) lb.load_raw(lo + WG_KT, b1);
+        if (ntiles > 2) blk = ld.block_of(lo + 2 * WG_KT);
+      }
+#pragma unroll 1
+      for (int it = 0; it < ntiles; it += 2) {
+        const int p0 = lo + it * WG_KT;
+        {
+          const int s = it % WS_NS;
+          mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
+          ld.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));
+          wg::fence_proxy_async();
+          mbar_arrive(&full_bar[s]);
+          if (it + 2 < ntiles) {
+            ld.load_raw(p0 + 2 * WG_KT, blk);
+            blk = it + 3 < ntiles ? ld.block_of(p0 + 3 * WG_KT) : 0;
+          }
+        }
+        if (it + 1 < ntiles) {
+          const int s = (it + 1) % WS_NS;
+          mbar_wait(&empty_bar[s], (((it + 1) / WS_NS) & 1) ^ 1);
+          lb.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));
+          wg::fence_proxy_async();
+          mbar_arrive(&full_bar[s]);
+          if (it + 3 < ntiles) {
+            lb.load_raw(p0 + 3 * WG_KT, blk);
+            blk = it + 4 < ntiles ? ld.block_of(p0 + 4 * WG_KT) : 0;
+          }
+        }
+      }
+#else
       // raw bytes of tile it+1 are loaded right after tile it is released (their block ids a tile
       // earlier), so they land while the producer waits for the next free stage
       int blk = 0;
@@ -258,6 +314,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
           if (it + 2 < ntiles) blk = ld.block_of(p0 + 2 * WG_KT);
         }
       }
+#endif
     }
     // done: the consumers' epilogue reuses the ring for output rows on a named barrier of their
     // own (every stage was written and waited for: no producer store is outstanding)

@@ -110,7 +110,8 @@ def _wgmma_sass(exprs):
 
 
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_WS_STAGES=2", "-DKVLAB_WGMMA_WS_STAGES=3",
-                                     "-DKVLAB_WGMMA_WS_NO_PINGPONG"])
+                                     "-DKVLAB_WGMMA_WS_NO_PINGPONG", "-DKVLAB_WGMMA_PRODUCER_AHEAD",
+                                     "-DKVLAB_WGMMA_PRODUCER_AHEAD -DKVLAB_WGMMA_WS_STAGES=2"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build and its
     switches: every instantiation compiles for sm_90a with no spills and no stack, at exactly the 168 registers
@@ -167,6 +168,41 @@ def test_wgmma_prefill_sass(monkeypatch):
         region = f[f.index("WARPGROUP.ARRIVE"):f.rindex("WARPGROUP.DEPBAR")]
         r2ur = region.count("R2UR")
         assert r2ur == 0 if d == 128 else r2ur <= 24, (fmt, d, r2ur)
+
+
+def test_wgmma_prefill_producer_ahead_sass(monkeypatch):
+    """-DKVLAB_WGMMA_PRODUCER_AHEAD (docs/notes-prefill-wgmma.md, "Session 9 candidate"): no ptxas
+    warning (wgmma serialised, setmaxnreg ignored); the register split moves to producer 80 / 104
+    (int8/fp8 at d = 128), consumers 208 / 200, auto keeps 56 / 224; every raw-loading format's
+    producer has two raw register sets in flight: its main loop waits on two empty barriers per
+    pass (the loop unrolled by two) and issues the raw loads of two tiles before its first wait
+    (tiles 0 and 1 leave together)."""
+    from kvlab.cuda import attention  # noqa: F401
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_WGMMA_PRODUCER_AHEAD")
+    exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
+    log, sass = _wgmma_sass(exprs)
+    for bad in ("C7518", "C7510", "C7515", "serialized", "setmaxnreg", "arning"):
+        assert bad not in log, log
+    if sass is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    funcs = re.split(r"\n\s*\.text\.", sass)[1:]
+    assert len(funcs) == len(exprs)
+    for f in funcs:
+        m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
+        fmt, d = int(m.group(1)), int(m.group(2))
+        prod = 56 if fmt == 0 else 104 if (d == 128 and fmt in (1, 2)) else 80
+        assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
+        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
+        if fmt == 0:
+            continue
+        producer = f[f.index("USETMAXREG.DEALLOC"):]  # the producer's code follows the consumers'
+        ldg_before = len(re.findall(r"LDG\.E[^;]*;", producer[:producer.index("SYNCS.PHASECHK")]))
+        # raw loads of one set: int8 / fp8 2 * d/8 words + 2 parameter words, int4 2 * d/16 + 2
+        # (LDG.32: rows are 4-byte aligned), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes
+        per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 2, 4: 2 * (d // 64) + 2 * (d // 32)}[fmt]
+        assert ldg_before >= 2 * per_set, (fmt, d, ldg_before)
+        assert producer.count("SYNCS.PHASECHK") >= 2 and producer.count("SYNCS.ARRIVE.TRANS64") >= 2, (fmt, d)
 
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_DIV64"])
