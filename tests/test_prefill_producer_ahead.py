@@ -1,16 +1,23 @@
-"""CPU emulation of the wgmma prefill producer's tile schedule (kernels_cu/paged_prefill_wgmma.cu),
-default and ``-DKVLAB_WGMMA_PRODUCER_AHEAD`` (docs/notes-prefill-wgmma.md, "Session 9 candidate").
+"""CPU emulation of the wgmma prefill producer's tile schedule (kernels_cu/paged_prefill_wgmma.cu):
+the default since session 9 (producer ahead, ``KVLAB_WGMMA_PRODUCER_AHEAD``: two tiles of raw loads
+in flight) and ``-DKVLAB_WGMMA_NO_PRODUCER_AHEAD`` (the old one-tile producer, the default until
+session 9; docs/notes-prefill-wgmma.md, "Session 9 candidate").
 
 Both loops are transliterated statement by statement into event traces (block-id fetch, raw
 load into a register set, wait on empty[s] with a parity, store from a set, arrive on full[s]);
 the checks: every tile is stored once, in order, from a set that holds exactly its raw bytes,
 loaded with its own block id, which was fetched before that load; the stage / parity sequence is
-the default's (the consumers are unchanged); the switch never holds more than two tiles of raw
-loads and holds two whenever two remain; block ids are fetched only for tiles that exist.
+the one-tile producer's (the consumers are the same in both builds); the ahead producer never
+holds more than two tiles of raw loads and holds two whenever two remain; block ids are fetched
+only for tiles that exist.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
+
+from kvlab.cuda import loader
 
 KT = 64
 
@@ -42,7 +49,7 @@ class Trace:
         self.ev.append(("arrive", s))
 
 
-def producer_default(ntiles: int, lo: int, ns: int) -> list[tuple]:
+def producer_one_ahead(ntiles: int, lo: int, ns: int) -> list[tuple]:
     t, ld = Trace(lo), {"tile": None}
     blk = 0
     if ntiles > 0:
@@ -128,7 +135,7 @@ def _check(ev: list[tuple], ntiles: int, lo: int, depth: int) -> None:
 @pytest.mark.parametrize("ntiles", list(range(0, 19)) + [64, 65])
 def test_producer_schedules(ntiles, ns):
     lo = 3 * KT
-    base = producer_default(ntiles, lo, ns)
+    base = producer_one_ahead(ntiles, lo, ns)
     ahead = producer_ahead(ntiles, lo, ns)
     _check(base, ntiles, lo, 1)
     _check(ahead, ntiles, lo, 2)
@@ -140,10 +147,24 @@ def test_producer_schedules(ntiles, ns):
 
 def test_block_ids_one_tile_ahead():
     """Past the first two tiles a block id is fetched right after the previous tile's raw loads
-    were issued: one store period before its own raw loads (as in the default)."""
+    were issued: one store period before its own raw loads (as in the one-tile producer)."""
     ev = producer_ahead(10, 0, 4)
     for j in range(3, 10):
         f = ev.index(("fetch", j))
         assert ev[f - 1][0] == "load" and ev[f - 1][1] == j - 1, (j, ev[f - 2:f + 1])
         ld = next(i for i, e in enumerate(ev) if e[0] == "load" and e[1] == j)
         assert any(e[0] == "store" for e in ev[f:ld]), j
+
+
+def test_producer_ahead_is_the_default():
+    """The kernel defines KVLAB_WGMMA_PRODUCER_AHEAD unless -DKVLAB_WGMMA_NO_PRODUCER_AHEAD is
+    given (#error if both), before any code reads it; the emulated loops are the two branches."""
+    s = (loader.kernels_dir() / "paged_prefill_wgmma.cu").read_text()
+    default = ("#if !defined(KVLAB_WGMMA_NO_PRODUCER_AHEAD) && !defined(KVLAB_WGMMA_PRODUCER_AHEAD)\n"
+               "#define KVLAB_WGMMA_PRODUCER_AHEAD\n#endif\n")
+    both = "#if defined(KVLAB_WGMMA_NO_PRODUCER_AHEAD) && defined(KVLAB_WGMMA_PRODUCER_AHEAD)\n#error"
+    assert default in s and both in s
+    first_use = min(m.start() for m in re.finditer(r"#if !?defined\(KVLAB_WGMMA_PRODUCER_AHEAD\)", s))
+    assert s.index(default) < s.index(both) < first_use
+    assert s.index(default) < s.index('#include "common.cuh"')
+    assert "Loader lb = ld;" in s and "lb.load_raw(p0 + 3 * WG_KT, blk);" in s
