@@ -23,13 +23,29 @@
 //     (k = 0 .. ntiles) issues P'·V of tile k-1 and S of tile k back to back; every consumer runs
 //     all ntiles + 1 blocks (skipped tiles issue nothing but keep the handshake), so both named
 //     barriers see the same number of bar.sync and bar.arrive.
-// Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads them for the
-// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG.
+// Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads the first for the
+// launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG,
+// -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (below).
+// Producer ahead (KVLAB_WGMMA_PRODUCER_AHEAD, the default since session 9): for int4/int8/fp8/nvfp4
+// each producer thread keeps two tiles of raw loads in flight (a second raw register set, the loop
+// unrolled by two; producer 80 / 104 registers, consumers 208 / 200; no shared-memory change;
+// docs/notes-prefill-wgmma.md, "Session 9 candidate"). Measured on the H200 in session 9 (4k causal
+// 32/8 d = 128, same call as the old default, two runs each): int4 0.4782 / 0.4809 ms vs 0.4830 /
+// 0.4820, nvfp4 0.4757 / 0.4779 vs 0.4924 / 0.4922 (-3 %), int8 -1.5 %, fp8 -0.8 %, auto unchanged
+// (its code is the same); the wgmma prefill and degenerate GPU tests passed on it.
+// -DKVLAB_WGMMA_NO_PRODUCER_AHEAD builds the old producer (one tile of raw loads in flight,
+// 56 / 72 registers) for A/B.
 // The consumers' path is the lean one since session 8 (docs/notes-prefill-wgmma.md, "Session 8
 // candidate" and what the H200 measured: uniform-register descriptors, lazy softmax max, 4-lane-per-row
 // query prologue and epilogue with 16-byte global accesses, permuted per-token scales; int4 −9 %,
 // nvfp4 −7 %, auto −9 %, int8/fp8 ±0.5 % at 4k causal 32/8 d = 128). The session-7 consumer path
 // (eager max, 32-lane prologue/epilogue, descriptors through R2UR) is in git history (9a1af8e).
+#if !defined(KVLAB_WGMMA_NO_PRODUCER_AHEAD) && !defined(KVLAB_WGMMA_PRODUCER_AHEAD)
+#define KVLAB_WGMMA_PRODUCER_AHEAD
+#endif
+#if defined(KVLAB_WGMMA_NO_PRODUCER_AHEAD) && defined(KVLAB_WGMMA_PRODUCER_AHEAD)
+#error "KVLAB_WGMMA_PRODUCER_AHEAD (default) and KVLAB_WGMMA_NO_PRODUCER_AHEAD exclude each other"
+#endif
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -85,13 +101,25 @@ static_assert(WS_NS >= 2 && WS_NS <= 4, "KVLAB_WGMMA_WS_STAGES: 2 .. 4 stages");
 // (__launch_bounds__(384, 1) caps ptxas at 65,536 / 384 -> 168; tests/test_kernels_compile.py
 // checks that every instantiation reports exactly 168). A consumer asking for more than the
 // producer released would block in setmaxnreg.inc forever: 128·P + 256·C <= 384·168.
-// The producer holds one tile's raw half rows (int8/fp8 at d = 128: 32 words, otherwise <= 16):
-// ptxas fits its code into P (SASS: R0 .. R63 for int8 at d = 128, R0 .. R52 for nvfp4).
+// Producer ahead (the default): two raw register sets (18 more words than one set for int4/nvfp4
+// at d = 128, 34 for int8/fp8): producer 80 / 104, consumers 208 / 200 (their code needs <= 197 /
+// 163: SASS R indices, docs/notes-prefill-wgmma.md "Session 9 candidate"); auto's copies are
+// unchanged (56 / 224). -DKVLAB_WGMMA_NO_PRODUCER_AHEAD: the producer holds one tile's raw half
+// rows (int8/fp8 at d = 128: 32 words, otherwise <= 16) and ptxas fits its code into 56 / 72
+// (SASS: R0 .. R63 for int8 at d = 128, R0 .. R52 for nvfp4), consumers 224 / 216.
 constexpr int WS_LAUNCH_REGS = 168;
+#if defined(KVLAB_WGMMA_PRODUCER_AHEAD)
+template <int FMT, int D>
+constexpr int ws_producer_regs() {
+  return FMT == kvlab::attn::AUTO ? 56
+         : (D == 128 && (FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8)) ? 104 : 80;
+}
+#else
 template <int FMT, int D>
 constexpr int ws_producer_regs() {
   return (D == 128 && (FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8)) ? 72 : 56;
 }
+#endif
 template <int FMT, int D>
 constexpr int ws_consumer_regs() {
   return ((3 * WS_LAUNCH_REGS - ws_producer_regs<FMT, D>()) / 2) & ~7;
@@ -238,8 +266,51 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         mbar_arrive(&full_bar[(ntiles - 1) % WS_NS]);
       }
     } else {
-      // raw bytes of tile it+1 are loaded right after tile it is released (their block ids a tile
-      // earlier), so they land while the producer waits for the next free stage
+#if defined(KVLAB_WGMMA_PRODUCER_AHEAD)
+      // two tiles of raw loads in flight per thread: ld holds the even tiles, lb the odd ones (a
+      // copy of ld: the same pointers and strides, its own raw registers; the loop is unrolled by
+      // two so that no register moves between the sets). The raw bytes of tile it+2 are loaded
+      // right after tile it is stored, while tile it+1's are still in flight; block ids are loaded
+      // a tile ahead of their raw loads, as in the NO_ build. Tiles 0 and 1 leave together.
+      Loader lb = ld;
+      int blk = 0;
+      if (ntiles > 0) {
+        const int b0 = ld.block_of(lo);
+        const int b1 = ntiles > 1 ? ld.block_of(lo + WG_KT) : 0;
+        ld.load_raw(lo, b0);
+        if (ntiles > 1) lb.load_raw(lo + WG_KT, b1);
+        if (ntiles > 2) blk = ld.block_of(lo + 2 * WG_KT);
+      }
+#pragma unroll 1
+      for (int it = 0; it < ntiles; it += 2) {
+        const int p0 = lo + it * WG_KT;
+        {
+          const int s = it % WS_NS;
+          mbar_wait(&empty_bar[s], ((it / WS_NS) & 1) ^ 1);
+          ld.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));
+          wg::fence_proxy_async();
+          mbar_arrive(&full_bar[s]);
+          if (it + 2 < ntiles) {
+            ld.load_raw(p0 + 2 * WG_KT, blk);
+            blk = it + 3 < ntiles ? ld.block_of(p0 + 3 * WG_KT) : 0;
+          }
+        }
+        if (it + 1 < ntiles) {
+          const int s = (it + 1) % WS_NS;
+          mbar_wait(&empty_bar[s], (((it + 1) / WS_NS) & 1) ^ 1);
+          lb.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));
+          wg::fence_proxy_async();
+          mbar_arrive(&full_bar[s]);
+          if (it + 3 < ntiles) {
+            lb.load_raw(p0 + 3 * WG_KT, blk);
+            blk = it + 4 < ntiles ? ld.block_of(p0 + 4 * WG_KT) : 0;
+          }
+        }
+      }
+#else
+      // -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (the default until session 9): one tile of raw loads in
+      // flight; raw bytes of tile it+1 are loaded right after tile it is released (their block
+      // ids a tile earlier), so they land while the producer waits for the next free stage
       int blk = 0;
       if (ntiles > 0) {
         ld.load_raw(lo);
@@ -258,6 +329,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
           if (it + 2 < ntiles) blk = ld.block_of(p0 + 2 * WG_KT);
         }
       }
+#endif
     }
     // done: the consumers' epilogue reuses the ring for output rows on a named barrier of their
     // own (every stage was written and waited for: no producer store is outstanding)

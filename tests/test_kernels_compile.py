@@ -110,10 +110,14 @@ def _wgmma_sass(exprs):
 
 
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_WS_STAGES=2", "-DKVLAB_WGMMA_WS_STAGES=3",
-                                     "-DKVLAB_WGMMA_WS_NO_PINGPONG"])
+                                     "-DKVLAB_WGMMA_WS_NO_PINGPONG", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
+                                     "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD -DKVLAB_WGMMA_WS_STAGES=2",
+                                     "-DKVLAB_WGMMA_PRODUCER_AHEAD"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
-    """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build and its
-    switches: every instantiation compiles for sm_90a with no spills and no stack, at exactly the 168 registers
+    """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
+    producer two tiles ahead since session 9) and its switches (-DKVLAB_WGMMA_NO_PRODUCER_AHEAD: the
+    old one-tile producer; -DKVLAB_WGMMA_PRODUCER_AHEAD names the default): every instantiation
+    compiles for sm_90a with no spills and no stack, at exactly the 168 registers
     __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
     producer/consumer counts are computed from 168)."""
     from kvlab.cuda import attention  # noqa: F401
@@ -127,10 +131,21 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     assert not bad, f"paged_prefill_wgmma {options}: {bad}"
 
 
-def test_wgmma_prefill_sass(monkeypatch):
-    """The default build really issues warpgroup MMAs: no ptxas warning (wgmma serialised:
-    C7518/C7510; setmaxnreg ignored), the register moves are in the SASS (producer 56 or 72,
-    consumers 224 or 216), every instantiation issues its HGMMAs (d = 128 per branch of the
+def _wgmma_producer_regs(fmt: int, d: int, ahead: bool) -> int:
+    """setmaxnreg of the producer warpgroup (kernels_cu/paged_prefill_wgmma.cu: ws_producer_regs):
+    two raw register sets (the default) 80, 104 for int8/fp8 at d = 128, auto 56 (cp.async, no raw
+    registers); -DKVLAB_WGMMA_NO_PRODUCER_AHEAD 56, 72 for int8/fp8 at d = 128."""
+    if ahead:
+        return 56 if fmt == 0 else 104 if (d == 128 and fmt in (1, 2)) else 80
+    return 72 if (d == 128 and fmt in (1, 2)) else 56
+
+
+@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
+def test_wgmma_prefill_sass(monkeypatch, options):
+    """The default build and -DKVLAB_WGMMA_NO_PRODUCER_AHEAD really issue warpgroup MMAs: no ptxas
+    warning (wgmma serialised: C7518/C7510; setmaxnreg ignored), the register moves are in the
+    SASS (default: producer 80 or 104, consumers 208 or 200, auto 56 / 224; NO_PRODUCER_AHEAD:
+    producer 56 or 72, consumers 224 or 216), every instantiation issues its HGMMAs (d = 128 per branch of the
     consumer loop: P·V + S, P·V only, S only), the mbarrier ring and the ping-pong handshakes are
     there, and the session-8 consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"):
     the lazy softmax's warp vote, and the wgmma descriptors built in uniform registers, i.e. no
@@ -138,7 +153,7 @@ def test_wgmma_prefill_sass(monkeypatch):
     80 descriptor words there per loop body)."""
     from kvlab.cuda import attention  # noqa: F401
 
-    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", options)
     exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
     log, sass = _wgmma_sass(exprs)
     for bad in ("C7518", "C7510", "serialized", "setmaxnreg", "arning"):
@@ -150,7 +165,7 @@ def test_wgmma_prefill_sass(monkeypatch):
     for f in funcs:
         m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
         fmt, d = int(m.group(1)), int(m.group(2))
-        prod = 72 if (d == 128 and fmt in (1, 2)) else 56
+        prod = _wgmma_producer_regs(fmt, d, ahead="NO_PRODUCER_AHEAD" not in options)
         assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
         assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
         hg = re.findall(r"HGMMA\.(64x\d+x16)\.F32[^;]*;", f)
@@ -167,6 +182,60 @@ def test_wgmma_prefill_sass(monkeypatch):
         region = f[f.index("WARPGROUP.ARRIVE"):f.rindex("WARPGROUP.DEPBAR")]
         r2ur = region.count("R2UR")
         assert r2ur == 0 if d == 128 else r2ur <= 24, (fmt, d, r2ur)
+
+
+@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
+def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
+    """Producer ahead (the default since session 9, also named by -DKVLAB_WGMMA_PRODUCER_AHEAD;
+    docs/notes-prefill-wgmma.md, "Session 9 candidate" and "Session 9: measured on the H200"): no
+    ptxas warning (wgmma serialised, setmaxnreg ignored); the register split is producer 80 / 104
+    (int8/fp8 at d = 128), consumers 208 / 200, auto keeps 56 / 224; every raw-loading format's
+    producer has two raw register sets in flight: its main loop waits on two empty barriers per
+    pass (the loop unrolled by two) and issues the raw loads of two tiles before its first wait
+    (tiles 0 and 1 leave together). -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (the old producer, for A/B):
+    56 / 72 and the raw loads of one tile only before the first wait."""
+    from kvlab.cuda import attention  # noqa: F401
+
+    ahead = "NO_PRODUCER_AHEAD" not in options
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", options)
+    exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
+    log, sass = _wgmma_sass(exprs)
+    for bad in ("C7518", "C7510", "C7515", "serialized", "setmaxnreg", "arning"):
+        assert bad not in log, log
+    if sass is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    funcs = re.split(r"\n\s*\.text\.", sass)[1:]
+    assert len(funcs) == len(exprs)
+    for f in funcs:
+        m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
+        fmt, d = int(m.group(1)), int(m.group(2))
+        prod = _wgmma_producer_regs(fmt, d, ahead)
+        assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
+        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
+        if fmt == 0:
+            continue
+        producer = f[f.index("USETMAXREG.DEALLOC"):]  # the producer's code follows the consumers'
+        ldg_before = len(re.findall(r"LDG\.E[^;]*;", producer[:producer.index("SYNCS.PHASECHK")]))
+        # raw loads of one set: int8 / fp8 2 * d/8 words + 2 parameter words, int4 2 * d/16 + 2
+        # (LDG.32: rows are 4-byte aligned), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes
+        per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 2, 4: 2 * (d // 64) + 2 * (d // 32)}[fmt]
+        if ahead:
+            assert ldg_before >= 2 * per_set, (fmt, d, ldg_before)
+            assert producer.count("SYNCS.PHASECHK") >= 2 and producer.count("SYNCS.ARRIVE.TRANS64") >= 2, (fmt, d)
+        else:
+            assert per_set <= ldg_before < 2 * per_set, (fmt, d, ldg_before)
+
+
+def test_wgmma_prefill_producer_ahead_switches_exclude_each_other(monkeypatch):
+    """-DKVLAB_WGMMA_PRODUCER_AHEAD (the default) with -DKVLAB_WGMMA_NO_PRODUCER_AHEAD is an #error,
+    as KVLAB_DECODE_STAGE / KVLAB_DECODE_NO_STAGE in paged_attention.cu."""
+    from cupy.cuda import compiler
+
+    from kvlab.cuda import attention  # noqa: F401
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_WGMMA_PRODUCER_AHEAD -DKVLAB_WGMMA_NO_PRODUCER_AHEAD")
+    with pytest.raises(compiler.CompileException, match="exclude each other"):
+        loader.compile_family_offline("paged_prefill_wgmma")
 
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_DIV64"])

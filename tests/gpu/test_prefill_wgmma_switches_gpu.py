@@ -1,7 +1,9 @@
 """The wgmma prefill kernel's compile switches (kernels_cu/paged_prefill_wgmma.cu:
 ``-DKVLAB_WGMMA_WS_STAGES=2`` and ``-DKVLAB_WGMMA_WS_NO_PINGPONG``, which change the ring's
-barrier phases and drop the consumers' named-barrier handshake) against the float64 reference,
-in a child process. The default build (4 stages, ping-pong) runs in the main suite.
+barrier phases and drop the consumers' named-barrier handshake; ``-DKVLAB_WGMMA_NO_PRODUCER_AHEAD``,
+the one-tile producer that was the default until session 9, kept for A/B) against the float64
+reference, in a child process. The default build (4 stages, ping-pong, producer two tiles ahead)
+runs in the main suite.
 
 The switches are compile options (``KVLAB_NVRTC_OPTIONS``) and a process compiles each kernel
 family once, so the wgmma prefill GPU tests run again in a fresh ``python -m pytest`` with the
@@ -26,7 +28,7 @@ from tests.gpu.isolated import CHILD_ENV, ROOT, TAIL_CHARS
 
 pytestmark = pytest.mark.gpu
 
-DEFAULT_OPTIONS = "-DKVLAB_WGMMA_WS_STAGES=2 -DKVLAB_WGMMA_WS_NO_PINGPONG"
+DEFAULT_OPTIONS = "-DKVLAB_WGMMA_WS_STAGES=2 -DKVLAB_WGMMA_WS_NO_PINGPONG;-DKVLAB_WGMMA_NO_PRODUCER_AHEAD"
 OPTIONS = [o.strip() for o in os.environ.get("KVLAB_WS_TEST_OPTIONS", DEFAULT_OPTIONS).split(";") if o.strip()]
 RUNS = [("tests/gpu/test_prefill_gpu.py", "wgmma or variants_agree"),
         ("tests/gpu/test_degenerate_gpu.py", None)]
