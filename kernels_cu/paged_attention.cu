@@ -36,11 +36,16 @@
 #if defined(KVLAB_DECODE_NO_STAGE) && defined(KVLAB_DECODE_STAGE)
 #error "KVLAB_DECODE_STAGE (the default) and KVLAB_DECODE_NO_STAGE exclude each other"
 #endif
-// -DKVLAB_DECODE_STAGE_NVFP4 (session 9 candidate, docs/perf-notes.md "Session 9 candidate:
-// -DKVLAB_DECODE_STAGE_NVFP4"): the stage body for nvfp4 as well (stage_body_nvfp4), on top of the
-// int4 one; the nvfp4 part of session 8's -DKVLAB_DECODE_STAGE_ALL (nvfp4 paged -3.5 % there).
-#if defined(KVLAB_DECODE_STAGE_NVFP4) && defined(KVLAB_DECODE_NO_STAGE)
-#error "KVLAB_DECODE_STAGE_NVFP4 extends the default stage body: not with KVLAB_DECODE_NO_STAGE"
+// The nvfp4 stages run as one body too (stage_body_nvfp4, KVLAB_DECODE_STAGE_NVFP4) since session 9:
+// prepared offline in session 8, measured on the H200 in session 9 (docs/perf-notes.md "Session 9",
+// call 1): nvfp4 paged B = 32 × 8k 0.1359 / 0.1355 vs 0.1403 / 0.1396 ms (−3 %), B = 1 × 128k
+// 0.1034 vs 0.1067 / 0.1048. -DKVLAB_DECODE_NO_STAGE_NVFP4 keeps nvfp4 on the per-chunk body (A/B);
+// -DKVLAB_DECODE_NO_STAGE turns both stage bodies off.
+#if !defined(KVLAB_DECODE_NO_STAGE) && !defined(KVLAB_DECODE_NO_STAGE_NVFP4) && !defined(KVLAB_DECODE_STAGE_NVFP4)
+#define KVLAB_DECODE_STAGE_NVFP4
+#endif
+#if defined(KVLAB_DECODE_STAGE_NVFP4) && (defined(KVLAB_DECODE_NO_STAGE) || defined(KVLAB_DECODE_NO_STAGE_NVFP4))
+#error "KVLAB_DECODE_STAGE_NVFP4 (the default) extends the stage body: not with KVLAB_DECODE_NO_STAGE(_NVFP4)"
 #endif
 #include "common.cuh"
 #include "hadamard.cuh"
@@ -1099,59 +1104,6 @@ struct PagedTile {
   static constexpr int CPT = TT / 16;                       // 16-token chunks per stage
 };
 
-#ifdef KVLAB_HAS_BULK_COPY
-// What the producer needs to copy a stage (paged_attention_decode_paged's values of the same names).
-struct StageSrc {
-  uint8_t* dsm;                 // the stage buffers
-  const uint8_t* cache;
-  const int* bt;                // this sequence's block-table row
-  uint64_t* full_bar;
-  size_t side_stride, sbase;    // one (block, side) slab; nvfp4's scale part within it
-  int stage_sm, side_sm;        // bytes of a stage buffer and of one side of it
-  int nch, lo16, bs_log2, H;    // 16-token chunks, first position, log2 block size, KV heads
-};
-
-// Arm full[b] with the bytes of stage st and issue its bulk copies into buffer b (thread 0).
-template <int FMT, int D>
-__device__ __forceinline__ void issue_stage(const StageSrc& s, int st, int b) {
-  using PT = PagedTile<FMT, D>;
-  constexpr int ROW = PT::ROW, TT = PT::TT, CPT = PT::CPT, S = D / 16;
-  constexpr int DROW = (FMT == NVFP4) ? D / 2 : ROW;
-  const int H = s.H, BS = 1 << s.bs_log2;
-  uint8_t* sbuf = s.dsm + b * s.stage_sm;
-  const int nc = min(CPT, s.nch - st * CPT);
-  constexpr uint32_t CH_BYTES = 16u * ((FMT == NVFP4) ? (D / 2 + S) : ROW);   // per head, side
-  mbar_arrive_expect_tx(&s.full_bar[b], 2u * nc * CH_BYTES * H);
-  for (int j = 0; j < nc; ++j) {
-    const int p0 = s.lo16 + 16 * (st * CPT + j);
-    const int blk = s.bt[p0 >> s.bs_log2];
-    const int o = p0 & (BS - 1);
-    const uint8_t* slab = s.cache + static_cast<size_t>(blk) * 2 * s.side_stride;
-#pragma unroll
-    for (int side = 0; side < 2; ++side) {
-      const uint8_t* src = slab + side * s.side_stride;
-      uint8_t* dst = sbuf + side * s.side_sm;
-      bulk_copy_g2s(dst + j * 16 * H * DROW, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
-                    &s.full_bar[b]);
-      if constexpr (FMT == NVFP4)
-        bulk_copy_g2s(dst + TT * H * (D / 2) + j * 16 * H * S, src + s.sbase + static_cast<size_t>(o) * H * S,
-                      16u * H * S, &s.full_bar[b]);
-    }
-  }
-}
-
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-// The refill of the early release, out of line: called by thread 0 from inside the stage body,
-// where every register is taken; inlined there, ptxas spilled in the loop of every thread.
-template <int FMT, int D>
-__device__ __noinline__ void refill_stage(StageSrc s, int st, int b, uint32_t ph) {
-  uint64_t* empty = s.full_bar + PG_MAXBUF;   // empty_bar follows full_bar (one shared array)
-  mbar_wait(&empty[b], ph);
-  issue_stage<FMT, D>(s, st, b);
-}
-#endif
-#endif
-
 template <int FMT, int D, typename T>
 __global__ void __launch_bounds__(PG_MAXW * 32, (D > 128 ? 1 : 2))
 paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
@@ -1180,9 +1132,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   __shared__ float qsum_sm[PG_MAXW][NCOL], qoff_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
   __shared__ float mo_sm[PG_MAXW][NCOL], lo_sm[PG_MAXW][NCOL];
   __shared__ int qpos_sm[PG_MAXW][NCOL];
-  __shared__ __align__(8) uint64_t ring_bar[2 * PG_MAXBUF];   // full[0..PG_MAXBUF), then empty
-  uint64_t* const full_bar = ring_bar;
-  uint64_t* const empty_bar = ring_bar + PG_MAXBUF;
+  __shared__ __align__(8) uint64_t full_bar[PG_MAXBUF], empty_bar[PG_MAXBUF];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nthr = blockDim.x, ny = nthr >> 5;
@@ -1263,8 +1213,28 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   __syncthreads();
 
   // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b.
-  const StageSrc src{dsm, cache, bt, full_bar, side_stride, sbase, stage_sm, side_sm, nch, lo16, bs_log2, H};
-  auto issue = [&](int st, int b) { issue_stage<FMT, D>(src, st, b); };   // b = st % nbuf
+  auto issue = [&](int st, int b) {   // b = st % nbuf
+    uint8_t* sbuf = dsm + b * stage_sm;
+    const int nc = min(CPT, nch - st * CPT);
+    constexpr uint32_t CH_BYTES = 16u * ((FMT == NVFP4) ? (D / 2 + S) : ROW);   // per head, side
+    mbar_arrive_expect_tx(&full_bar[b], 2u * nc * CH_BYTES * H);
+    for (int j = 0; j < nc; ++j) {
+      const int p0 = lo16 + 16 * (st * CPT + j);
+      const int blk = bt[p0 >> bs_log2];
+      const int o = p0 & (BS - 1);
+      const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
+#pragma unroll
+      for (int side = 0; side < 2; ++side) {
+        const uint8_t* src = slab + side * side_stride;
+        uint8_t* dst = sbuf + side * side_sm;
+        bulk_copy_g2s(dst + j * 16 * H * DROW, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
+                      &full_bar[b]);
+        if constexpr (FMT == NVFP4)
+          bulk_copy_g2s(dst + TT * H * (D / 2) + j * 16 * H * S, src + sbase + static_cast<size_t>(o) * H * S,
+                        16u * H * S, &full_bar[b]);
+      }
+    }
+  };
 
   // This thread's byte offsets within chunk 0 of a staged buffer (chunk j adds j·16·H·DROW,
   // nvfp4's scales j·16·H·S).
@@ -1433,26 +1403,19 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
 #ifdef KVLAB_DECODE_EARLY_RELEASE
   // Early release (docs/perf-notes.md, "Session 9: early release"): a thread arrives on empty[b]
-  // as soon as its words of stage st are in registers, before the tile math, so buffer b can be
-  // refilled while the warps still compute on it. =1: thread 0 then waits for every thread's
-  // release of stage st and issues stage st + nbuf at once. =2: thread 0 issues stage
-  // st - 1 + nbuf (the buffer released one stage earlier) at that point instead, never waiting
-  // on a warp that is still computing. Stages without an early release point (edge stages of
-  // the stage body) release after their math, as without the switch.
-  int bprev = nbuf - 1;        // (st - 1) % nbuf
-  uint32_t phprev = 1u;        // ((st - 1) / nbuf) & 1
-  bool released = false;       // this thread has arrived on empty[b] for stage st
-  auto refill = [&](int st) {  // thread 0, after its own release of stage st
-#if KVLAB_DECODE_EARLY_RELEASE == 2
-    if (st >= 1 && st - 1 + nbuf < nst) refill_stage<FMT, D>(src, st - 1 + nbuf, bprev, phprev);
-#else
-    if (st + nbuf < nst) refill_stage<FMT, D>(src, st + nbuf, b, ph);
-#endif
-  };
-  auto release = [&](int st) {
-    mbar_arrive(&empty_bar[b]);
-    released = true;
-    if (tid == 0) refill(st);
+  // as soon as its words of stage st are in registers, before the tile math; thread 0 still
+  // refills after its own math, but no longer waits for the other warps' math. Stages without
+  // an early release point (edge stages of the stage body) arrive after their math.
+  // int4 / int8 / fp8 only: with the arrive after all of a stage's loads, ptxas must hold the
+  // whole stage in registers at once, and the nvfp4 and auto d = 128 kernels spill (148 and
+  // 108 bytes); int4 / int8 / fp8 do not (4 bytes for int4).
+  constexpr bool ER = FMT == INT4 || FMT == INT8 || FMT == FP8;
+  bool released = false;   // this thread has arrived on empty[b] for stage st
+  auto release = [&]() {
+    if constexpr (ER) {
+      mbar_arrive(&empty_bar[b]);
+      released = true;
+    }
   };
 #endif
   for (int st = 0; st < nst; ++st) {
@@ -1470,7 +1433,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
             fill_full(ra, boff, hc_tag);
             fill_full(rb, boff + hr16, hc_tag);
 #ifdef KVLAB_DECODE_EARLY_RELEASE
-            release(st);
+            release();
 #endif
             stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
           }
@@ -1485,13 +1448,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
               fill_full(rb, boff + hr16, hc_tag);
               fill_scales(rb, boff + hs16, hc_tag);
 #ifdef KVLAB_DECODE_EARLY_RELEASE
-              release(st);
+              release();
 #endif
               stage_body_nvfp4<D, T, 2>(ra, rb, acc, m, l, z, qa, kc, mlo, mhi, lane);
             } else {
               (void)hr16;
 #ifdef KVLAB_DECODE_EARLY_RELEASE
-              release(st);
+              release();
 #endif
               stage_body_nvfp4<D, T, 1>(ra, ra, acc, m, l, z, qa, kc, mlo, mhi, lane);
             }
@@ -1540,14 +1503,14 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         if (ch >= tf0 && ch < tf1) {
           fill(r, sbuf, j, p0, MaskTag<false>{});
 #ifdef KVLAB_DECODE_EARLY_RELEASE
-          if (j == CPT - 1) release(st);   // the stage's last chunk is in registers
+          if (j == CPT - 1) release();   // the stage's last chunk is in registers
 #endif
           head_tile_math<FMT, D, T, false, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                            mlo, mhi, lane);
         } else {
           fill(r, sbuf, j, p0, MaskTag<true>{});
 #ifdef KVLAB_DECODE_EARLY_RELEASE
-          if (j == CPT - 1) release(st);
+          if (j == CPT - 1) release();
 #endif
           head_tile_math<FMT, D, T, true, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                           mlo, mhi, lane);
@@ -1555,17 +1518,15 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       }
     }
 #ifdef KVLAB_DECODE_EARLY_RELEASE
-    if (!released) release(st);   // stages without an early release point (uniform per CTA)
+    if (!released) mbar_arrive(&empty_bar[b]);   // uniform per CTA
     released = false;
-    bprev = b;
-    phprev = ph;
 #else
     mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
+#endif
     if (tid == 0 && st + nbuf < nst) {
       mbar_wait(&empty_bar[b], ph);
       issue(st + nbuf, b);
     }
-#endif
 #ifdef KVLAB_DECODE_STAGE
     boff += static_cast<uint32_t>(stage_sm);
     if (b + 1 == nbuf) boff = 0u;

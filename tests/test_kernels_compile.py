@@ -316,15 +316,15 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
             prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
 
 
-@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_STAGE_NVFP4"])
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
     without stack or spills, in the default build (the paged kernel's int4 stage-level body since
-    session 8, docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE"), with
-    -DKVLAB_DECODE_NO_STAGE (session 7's per-chunk body) and with -DKVLAB_DECODE_STAGE_NVFP4 (the
-    stage body for nvfp4 too, "Session 9 candidate: -DKVLAB_DECODE_STAGE_NVFP4"); the int4 and
-    nvfp4 paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
+    session 8, docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE", and the nvfp4 one
+    since session 9), with -DKVLAB_DECODE_NO_STAGE (session 7's per-chunk body), with
+    and with -DKVLAB_DECODE_NO_STAGE_NVFP4 (nvfp4 on the per-chunk body); the int4 and nvfp4
+    paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
     assert len(reports) == len(loader.FAMILIES["paged_attention"])
@@ -339,14 +339,17 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
                     assert regs[f"paged_attention_decode_paged<{fmt}, {d}, {t}>"] <= 128
 
 
-def test_decode_stage_nvfp4_excludes_no_stage(monkeypatch):
-    """-DKVLAB_DECODE_STAGE_NVFP4 extends the default stage body: an #error with
-    -DKVLAB_DECODE_NO_STAGE, so that an A/B build cannot be mislabelled."""
+@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",
+                                  "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE_NVFP4"])
+def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
+    """KVLAB_DECODE_STAGE_NVFP4 (the default since session 9) extends the default stage body: an
+    #error when it is named together with -DKVLAB_DECODE_NO_STAGE or its own NO_ switch, so that
+    an A/B build cannot be mislabelled."""
     import io
 
     from cupy.cuda import compiler
 
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE")
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
                                   name_expressions=["paged_attention_decode_paged<4, 128, __half>"],
                                   method="ptx")
