@@ -1401,23 +1401,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     for (int st = 0; st < min(nbuf, nst); ++st) issue(st, st);
   int b = 0;          // st % nbuf
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-  // Early release (docs/perf-notes.md, "Session 9: early release"): a thread arrives on empty[b]
-  // as soon as its words of stage st are in registers, before the tile math; thread 0 still
-  // refills after its own math, but no longer waits for the other warps' math. Stages without
-  // an early release point (edge stages of the stage body) arrive after their math.
-  // int4 / int8 / fp8 only: with the arrive after all of a stage's loads, ptxas must hold the
-  // whole stage in registers at once, and the nvfp4 and auto d = 128 kernels spill (148 and
-  // 108 bytes); int4 / int8 / fp8 do not (4 bytes for int4).
-  constexpr bool ER = FMT == INT4 || FMT == INT8 || FMT == FP8;
-  bool released = false;   // this thread has arrived on empty[b] for stage st
-  auto release = [&]() {
-    if constexpr (ER) {
-      mbar_arrive(&empty_bar[b]);
-      released = true;
-    }
-  };
-#endif
   for (int st = 0; st < nst; ++st) {
     mbar_wait(&full_bar[b], ph);
     const uint8_t* sbuf = dsm + b * stage_sm;
@@ -1432,9 +1415,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
             Raw ra, rb;
             fill_full(ra, boff, hc_tag);
             fill_full(rb, boff + hr16, hc_tag);
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-            release();
-#endif
             stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
           }
 #ifdef KVLAB_DECODE_STAGE_NVFP4
@@ -1447,15 +1427,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
               Raw rb;
               fill_full(rb, boff + hr16, hc_tag);
               fill_scales(rb, boff + hs16, hc_tag);
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-              release();
-#endif
               stage_body_nvfp4<D, T, 2>(ra, rb, acc, m, l, z, qa, kc, mlo, mhi, lane);
             } else {
               (void)hr16;
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-              release();
-#endif
               stage_body_nvfp4<D, T, 1>(ra, ra, acc, m, l, z, qa, kc, mlo, mhi, lane);
             }
           }
@@ -1502,27 +1476,16 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         Raw r;
         if (ch >= tf0 && ch < tf1) {
           fill(r, sbuf, j, p0, MaskTag<false>{});
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-          if (j == CPT - 1) release();   // the stage's last chunk is in registers
-#endif
           head_tile_math<FMT, D, T, false, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                            mlo, mhi, lane);
         } else {
           fill(r, sbuf, j, p0, MaskTag<true>{});
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-          if (j == CPT - 1) release();
-#endif
           head_tile_math<FMT, D, T, true, true>(r, p0, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L, window,
                                           mlo, mhi, lane);
         }
       }
     }
-#ifdef KVLAB_DECODE_EARLY_RELEASE
-    if (!released) mbar_arrive(&empty_bar[b]);   // uniform per CTA
-    released = false;
-#else
     mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
-#endif
     if (tid == 0 && st + nbuf < nst) {
       mbar_wait(&empty_bar[b], ph);
       issue(st + nbuf, b);
