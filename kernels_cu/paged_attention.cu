@@ -982,17 +982,23 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
 }
 
-// Merge the splits of flash-decoding. One CTA = (reduction item, column group y), one warp
-// per column. Item: seq, tok0, part0, nparts (the parts are consecutive). Reads
-// nparts·(D + 2) floats per column, writes D elements.
-template <int D, typename T, bool ROT>
+// Merge the splits of flash-decoding. Item: seq, tok0, part0, nparts (the parts are consecutive).
+// Reads nparts·(D + 2) floats per column, writes D elements.
+//   SPLIT = false: one CTA = (reduction item, column group y), one warp per column.
+//   SPLIT = true (few items, e.g. batch 1: the plan picks it when the CTAs above would not fill
+//   the SMs): one CTA = (item, y, column blockIdx.z); its 8 warps take interleaved runs of RU
+//   parts each and are summed in shared memory, so a column costs ~nparts/(8·RU) dependent L2
+//   round trips instead of ~nparts/RU (batch 1 × 128k: 63 parts, 8 CTAs -> 64; CUPTI measured
+//   the unsplit merge at 8.9 µs there, docs/perf-notes.md "Session 9").
+template <int D, typename T, bool ROT, bool SPLIT>
 __global__ void __launch_bounds__(NCOL * 32)
 paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
                        const float* __restrict__ ws_ml, const int* __restrict__ red_items,
                        const int* __restrict__ query_start_loc, int num_kv_heads,
                        int num_q_heads, int hpc, int tpc) {
   constexpr int E = D / 32;
-  const int lane = threadIdx.x & 31, n = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int n = SPLIT ? blockIdx.z : warp;   // the column
   const int* it = red_items + 4 * blockIdx.x;
   const int seq = it[0], tok0 = it[1], part0 = it[2], nparts = it[3];
   const int G = num_q_heads / num_kv_heads;
@@ -1002,6 +1008,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const int Lq = query_start_loc[seq + 1] - qs;
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
+  if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
   // (m, l) of the parts spread over the lanes (one long serial chain per warp was the batch-1
   // bottleneck: ~2 L2 latencies per part); the o rows 4 parts at a time, loads in flight.
   auto slot_of = [&](int p) {
@@ -1039,7 +1046,8 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = 0.f;
-  for (int p0 = 0; p0 < nparts; p0 += RU) {
+  constexpr int NSL = SPLIT ? NCOL : 1;   // warps sharing a column
+  for (int p0 = (SPLIT ? warp : 0) * RU; p0 < nparts; p0 += NSL * RU) {
     float mp[RU], o[RU][E];
 #pragma unroll
     for (int u = 0; u < RU; ++u) {
@@ -1055,6 +1063,20 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
       const float f = exp2f(mp[u] - M);   // 0 for the padding parts (NEG_BIG - M)
 #pragma unroll
       for (int j = 0; j < E; ++j) x[j] += o[u][j] * f;
+    }
+  }
+  if constexpr (SPLIT) {   // sum the warps' runs; warp 0 finishes the column
+    __shared__ float part_sm[NCOL][D];
+#pragma unroll
+    for (int j = 0; j < E; ++j) part_sm[warp][lane * E + j] = x[j];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      float t = 0.f;
+#pragma unroll
+      for (int w = 0; w < NCOL; ++w) t += part_sm[w][lane * E + j];
+      x[j] = t;
     }
   }
   const float inv = Ls > 0.f ? 1.f / Ls : 0.f;

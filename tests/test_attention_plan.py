@@ -166,3 +166,20 @@ def test_prefill_geometry_reads_the_ring_switch(monkeypatch):
         monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", f"-DKVLAB_WGMMA_WS_STAGES={bad}")
         with pytest.raises(ValueError, match="2 .. 4 stages"):
             A.prefill_geometry("wgmma")
+
+
+def test_reduce_split_choice(monkeypatch):
+    """The plan spreads a column over a CTA only when the one-warp-per-column merge would leave
+    SMs idle; KVLAB_DECODE_MERGE_SPLIT forces it either way, and rejects other values."""
+    from kvlab.cuda.attention import reduce_split
+
+    monkeypatch.delenv("KVLAB_DECODE_MERGE_SPLIT", raising=False)
+    assert reduce_split(1, 8, 132) and reduce_split(16, 8, 132)
+    assert not reduce_split(17, 8, 132) and not reduce_split(32, 8, 132) and not reduce_split(0, 8, 132)
+    monkeypatch.setenv("KVLAB_DECODE_MERGE_SPLIT", "1")
+    assert reduce_split(32, 8, 132) and not reduce_split(0, 8, 132)
+    monkeypatch.setenv("KVLAB_DECODE_MERGE_SPLIT", "0")
+    assert not reduce_split(1, 8, 132)
+    monkeypatch.setenv("KVLAB_DECODE_MERGE_SPLIT", "yes")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_MERGE_SPLIT: expected 0 or 1"):
+        reduce_split(1, 8, 132)

@@ -99,8 +99,8 @@ SPECS = register(FAMILY, [
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t))
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
-    *[KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot))
-      for d in HEAD_SIZES for t in Q_DTYPES for rot in (False, True)],
+    *[KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot, split))
+      for d in HEAD_SIZES for t in Q_DTYPES for rot in (False, True) for split in (False, True)],
 ])
 # The prefill kernel has its own source file (kernels_cu/paged_prefill.cu) and family.
 PREFILL_SPECS = register(PREFILL_FAMILY, [
@@ -263,8 +263,24 @@ def _resolve_prefill_variant(prefill_variant, device_id) -> str:
     return prefill_variant
 
 
-def _reduce_spec(d, t, rot):
-    return KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot))
+def _reduce_spec(d, t, rot, split=False):
+    return KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot, split))
+
+
+def reduce_split(n_red: int, ny: int, sm_count: int) -> bool:
+    """Whether the split merge spreads each column's parts over the 8 warps of a CTA (one CTA per
+    column: ``n_red · ny · 8`` CTAs) instead of one warp per column (``n_red · ny`` CTAs): when the
+    latter would leave SMs idle (batch 1: 8 CTAs on 132 SMs; CUPTI measured that merge at 8.9 µs
+    at batch 1 × 128k on the H200, docs/perf-notes.md "Session 9"). The environment variable
+    ``KVLAB_DECODE_MERGE_SPLIT`` = ``0`` / ``1`` forces the choice (A/B in one process)."""
+    import os
+
+    forced = os.environ.get("KVLAB_DECODE_MERGE_SPLIT", "")
+    if forced in ("0", "1"):
+        return n_red > 0 and forced == "1"
+    if forced:
+        raise ValueError(f"KVLAB_DECODE_MERGE_SPLIT: expected 0 or 1, got {forced!r}")
+    return 0 < n_red * ny < sm_count
 
 
 def heads_per_column_group(group: int) -> int:
@@ -361,6 +377,7 @@ class AttentionPlan:
     device_id: int
     pf_items: object = None   # device int32 (n_pf, 2): seq, tok0 (prefill kernel)
     n_pf: int = 0
+    red_split: bool = False                        # split merge: parts over 8 warps per column (reduce_split)
     decode_variant: str = "per_head"               # the decode kernel this plan launches
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
@@ -438,9 +455,10 @@ class AttentionPlan:
                 L.ptr(self.ws_o), L.ptr(self.ws_ml), *extra,
             ), shared_mem=smem)
             if self.n_red:
-                r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"]),
-                               self.device_id)
-                L.launch(r, (self.n_red, self.ny), (NCOL * 32,), (
+                r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"],
+                                            self.red_split), self.device_id)
+                grid = (self.n_red, self.ny, NCOL) if self.red_split else (self.n_red, self.ny)
+                L.launch(r, grid, (NCOL * 32,), (
                     L.ptr(out), L.ptr(self.ws_o), L.ptr(self.ws_ml), L.ptr(self.red_items),
                     L.ptr(query_start_loc), L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
                     L.i32(self.hpc), L.i32(self.tpc),
@@ -638,6 +656,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         swizzle_v=int(bool(getattr(fmt, "swizzle_v_scales", False))),
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
+        red_split=reduce_split(len(red), ny, _device_props(dev)[0]),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
         prefill_variant=pf_variant,
     )

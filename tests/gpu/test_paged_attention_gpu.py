@@ -251,6 +251,27 @@ def test_long_decode_splits(rng, fmt, num_splits, variant):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} splits={num_splits} {variant}")
 
 
+@pytest.mark.parametrize("split", [False, True], ids=["merge-warp-per-column", "merge-split"])
+@pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "auto"])
+@pytest.mark.parametrize("shape", [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 256, 16)],
+                         ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_split_merge_forms(rng, fmt, shape, split, variant, monkeypatch):
+    """Both forms of the split merge (paged_attention_reduce<…, SPLIT>): one warp per column, and
+    a column's parts spread over the 8 warps of a CTA (the plan's choice when the merge has fewer
+    CTAs than SMs, e.g. batch 1). The plan's choice is forced both ways; many splits (up to 200
+    parts per column, past the 8 warps × 8 parts of one pass), a mixed batch with decode and
+    chunked-prefill columns, a length-1 sequence. int4 runs the inverse rotation in the merge."""
+    from kvlab.cuda import attention
+
+    monkeypatch.setattr(attention, "reduce_split", lambda n_red, ny, sm: split)
+    hkv, group, d, bs = shape
+    case = build_case(rng, fmt, hkv, group, d, bs, [1, 1, 3, 1],
+                      [6000 + int(rng.integers(0, 31)), 1, 900 + int(rng.integers(0, 9)), 2500])
+    out, plan = run_gpu(case, num_splits=int(rng.choice([37, 200])), variant=variant)
+    assert plan.n_red > 0 and plan.red_split == split
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} split merge={split} {variant}")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("window", [None, 700])
