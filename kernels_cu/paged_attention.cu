@@ -1423,9 +1423,22 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     for (int st = 0; st < min(nbuf, nst); ++st) issue(st, st);
   int b = 0;          // st % nbuf
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
+  // KVLAB_DECODE_PROBE (measurement only, wrong outputs; docs/perf-notes.md "Session 10: where the
+  // paged decode's time goes"): =1 moves the data and skips the tile math (the ring's own
+  // ceiling); =2 copies only the first nbuf stages and runs the math on them again and again,
+  // without waiting (the math's own ceiling). Never a default; the GPU tests do not run it.
+#if defined(KVLAB_DECODE_PROBE) && KVLAB_DECODE_PROBE != 1 && KVLAB_DECODE_PROBE != 2
+#error "KVLAB_DECODE_PROBE: 1 (data only) or 2 (math only)"
+#endif
+#if defined(KVLAB_DECODE_PROBE)
+  constexpr bool PROBE_MATH = KVLAB_DECODE_PROBE == 2, PROBE_DATA = KVLAB_DECODE_PROBE == 1;
+#else
+  constexpr bool PROBE_MATH = true, PROBE_DATA = true;
+#endif
   for (int st = 0; st < nst; ++st) {
-    mbar_wait(&full_bar[b], ph);
+    if (PROBE_DATA || st < nbuf) mbar_wait(&full_bar[b], ph);
     const uint8_t* sbuf = dsm + b * stage_sm;
+    if (PROBE_MATH) {
 #ifdef KVLAB_DECODE_STAGE
     if constexpr (STAGE_BODY) {
       const int ch = st * CPT, p0 = lo16 + 16 * ch;
@@ -1507,8 +1520,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         }
       }
     }
+    }   // PROBE_MATH
     mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
-    if (tid == 0 && st + nbuf < nst) {
+    if (PROBE_DATA && tid == 0 && st + nbuf < nst) {
       mbar_wait(&empty_bar[b], ph);
       issue(st + nbuf, b);
     }

@@ -355,3 +355,24 @@ def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
                                   method="ptx")
     with pytest.raises(Exception, match="#error"):
         prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+
+
+@pytest.mark.parametrize("opts, ok", [("-DKVLAB_DECODE_PROBE=1", True), ("-DKVLAB_DECODE_PROBE=2", True),
+                                      ("-DKVLAB_DECODE_PROBE=3", False)])
+def test_decode_probe_builds(opts, ok, monkeypatch):
+    """The paged decode's measurement-only probes (docs/perf-notes.md "Session 10: where the paged
+    decode's time goes": =1 data only, =2 math only) compile, so a session can run them; any other
+    value is an #error."""
+    import io
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
+                                  name_expressions=["paged_attention_decode_paged<3, 128, __nv_bfloat16>"],
+                                  method="ptx")
+    if ok:
+        prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+    else:
+        with pytest.raises(Exception, match="#error"):
+            prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
