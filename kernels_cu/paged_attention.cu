@@ -485,14 +485,21 @@ __device__ __forceinline__ void softmax_move_max(float mx, float& m, float& l, f
   }
 }
 
-template <int N, int D>
-__device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, float& l, float& z,
-                                               float (&acc)[D / 16][4], int c, float (&e)[N]) {
+// The max of a column's N scores of one or two tiles: the thread's N, then across the quad's
+// 4 lanes (online_softmax, stage_softmax).
+template <int N>
+__device__ __forceinline__ float quad_column_max(const float (&x)[N]) {
   static_assert(N == 4 || N == 8, "one or two tiles");
   float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
   if constexpr (N == 8) mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
   mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  return fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+}
+
+template <int N, int D>
+__device__ __forceinline__ void online_softmax(const float (&x)[N], float& m, float& l, float& z,
+                                               float (&acc)[D / 16][4], int c, float (&e)[N]) {
+  float mx = quad_column_max<N>(x);
   softmax_move_max<D>(mx, m, l, z, acc, c);
 #pragma unroll
   for (int i = 0; i < N; ++i) e[i] = ex2_approx(x[i] - m);
@@ -639,11 +646,7 @@ __device__ __forceinline__ void stage_scores_int4(const int (&I)[4], const HeadR
 template <int N, int D>
 __device__ __forceinline__ void stage_softmax(const float (&x)[N], float sc, float& m, float& l, float& z,
                                               float (&acc)[D / 16][4], int c, float (&e)[N]) {
-  static_assert(N == 4 || N == 8, "one or two tiles");
-  float mx = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-  if constexpr (N == 8) mx = fmaxf(mx, fmaxf(fmaxf(x[4], x[5]), fmaxf(x[6], x[7])));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  float mx = quad_column_max<N>(x);
   mx *= sc;
   softmax_move_max<D>(mx, m, l, z, acc, c);
   const float nm = -m;

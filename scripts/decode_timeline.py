@@ -7,36 +7,23 @@ Runs the call 20 times after a warm-up and prints, per case, the median duration
 kernel, of the split merge (``paged_attention_reduce``) and of the gap between them, next to the
 median of the benchmark timer (``kvlab.bench.timing.bench_ms``, cold L2) for the same call.
 """
+import os
 import statistics
 import sys
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-import kvlab
 from kvlab.bench.timing import bench_ms
-from kvlab.cuda.attention import plan_paged_attention
 
-HQ, HKV, D, BS = 32, 8, 128, 16
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from profile_decode import decode_case  # noqa: E402
+
 cases = sys.argv[1:] or ["int4_per_token_head:32:8192:paged"]
 g = torch.Generator(device="cuda").manual_seed(0)
 for case in cases:
-    parts = case.split(":")
-    fmt = parts[0]
-    B = int(parts[1]) if len(parts) > 1 else 32
-    CTX = int(parts[2]) if len(parts) > 2 else 8192
-    variant = parts[3] if len(parts) > 3 else "auto"
-    nb = B * CTX // BS
-    cache = kvlab.allocate_cache(fmt, nb, BS, HKV, D, like=torch.empty(1, device="cuda", dtype=torch.bfloat16))
-    kv = torch.randn((nb * BS, HKV, D), generator=g, device="cuda").to(torch.bfloat16)
-    kvlab.reshape_and_cache(kv, kv, cache, torch.randperm(nb * BS, device="cuda"), fmt)
-    del kv
-    bt = torch.randperm(nb, device="cuda", dtype=torch.int32).reshape(B, CTX // BS)
-    sl = torch.full((B,), CTX, device="cuda", dtype=torch.int32)
-    qsl = torch.arange(B + 1, device="cuda", dtype=torch.int32)
-    q = torch.randn((B, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
-    args = (q, cache, bt, sl, qsl)
-    plan = plan_paged_attention(*args, fmt, decode_variant=variant)
+    args, plan, cache = decode_case(case, g, shuffled=True)
+    q = args[0]
     out = torch.empty_like(q)
     bench = bench_ms(lambda: plan.run(*args, out=out), 30)
     for _ in range(3):
@@ -63,5 +50,5 @@ for case in cases:
           f"decode kernel {med([e.time_range.elapsed_us() for e in dec]):.1f} us, "
           f"reduce {med([e.time_range.elapsed_us() for e in red]):.1f} us, gap {med(gaps):.1f} us | "
           f"bench_ms (cold L2) {bench['median_ms'] * 1e3:.1f} us, host {bench['host_ms'] * 1e3:.1f} us/call")
-    del cache, plan
+    del cache
     torch.cuda.empty_cache()

@@ -86,6 +86,15 @@ if [ -n "${BENCH:-}" ]; then
     echo "bench $name done [$(el) s]"
   done
 fi
+# An Nsight Compute report REP.ncu-rep as text next to it: the details page (appended to REP.txt),
+# every metric (REP_raw.csv: the stall-reason breakdown) and the per-SASS-line source view with its
+# stall samples (REP_source.csv; scripts/ncu_stalls.py reads the two CSVs).
+ncu_pages() {
+  [ -f "$1.ncu-rep" ] || return 0
+  "$NCU" --import "$1.ncu-rep" --page details >> "$1.txt" 2>&1
+  "$NCU" --import "$1.ncu-rep" --page raw --csv > "$1_raw.csv" 2>&1
+  "$NCU" --import "$1.ncu-rep" --page source --csv --print-source sass > "$1_source.csv" 2>&1
+}
 for pf in ${PROFILE_PREFILL:-}; do
   [ "$(left)" -gt 60 ] || { echo "profile $pf: not started (deadline)"; continue; }
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -93,11 +102,7 @@ for pf in ${PROFILE_PREFILL:-}; do
   lim=$(left); lim=$(( lim - 20 )); rep="$OUT/ncu_prefill_$pf"
   timeout "$lim" "$NCU" --clock-control none --set full --import-source yes --export "$rep" --force-overwrite \
     -k regex:paged_attention_prefill_wgmma -c 1 python3 scripts/profile_prefill.py "$pf" wgmma > "$rep.txt" 2>&1
-  if [ -f "$rep.ncu-rep" ]; then
-    "$NCU" --import "$rep.ncu-rep" --page details >> "$rep.txt" 2>&1
-    "$NCU" --import "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2>&1
-    "$NCU" --import "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_source.csv" 2>&1
-  fi
+  ncu_pages "$rep"
   echo "prefill profile $pf done [$(el) s]"
   grep -E "^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput)" "$rep.txt" | head -6
 done
@@ -108,11 +113,7 @@ if [ -n "${PROFILE_DECODE:-}" ] && [ "$(left)" -gt 60 ]; then
     # shellcheck disable=SC2086
     timeout "$lim" "$NCU" --clock-control none --set full --import-source yes --export "$rep" --force-overwrite \
       -k regex:'paged_attention_decode' -c "$n" python3 scripts/profile_decode.py $PROFILE_DECODE > "$rep.txt" 2>&1
-    if [ -f "$rep.ncu-rep" ]; then
-      "$NCU" --import "$rep.ncu-rep" --page details >> "$rep.txt" 2>&1
-      "$NCU" --import "$rep.ncu-rep" --page raw --csv > "${rep}_raw.csv" 2>&1
-      "$NCU" --import "$rep.ncu-rep" --page source --csv --print-source sass > "${rep}_source.csv" 2>&1
-    fi
+    ncu_pages "$rep"
     echo "decode profile done [$(el) s]"
     grep -E "paged_attention_decode|^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|DRAM Throughput)" "$rep.txt" | head -24
   fi

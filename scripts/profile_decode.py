@@ -5,8 +5,8 @@
 
 Each argument is FORMAT[:BATCH[:CONTEXT[:VARIANT]]] (32/8 heads, d = 128, block 16; VARIANT is
 the plan's decode_variant: auto, paged or per_head). One kvlab.paged_attention call per argument,
-on a cache written from random bf16 K/V (random data: the kernels' time does not depend on the
-values, and a zero cache would hide nothing here but is never what a model writes).
+on a cache written from random bf16 K/V (the kernels' time does not depend on the values).
+:func:`decode_case` builds a case; scripts/decode_timeline.py uses it too.
 """
 import sys
 
@@ -16,25 +16,35 @@ import kvlab
 from kvlab.cuda.attention import plan_paged_attention
 
 HQ, HKV, D, BS = 32, 8, 128, 16
-cases = sys.argv[1:] or ["int4_per_token_head", "nvfp4"]
-g = torch.Generator(device="cuda").manual_seed(0)
-for case in cases:
+
+
+def decode_case(case: str, g, shuffled: bool = False):
+    """``FORMAT[:B[:CTX[:VARIANT]]]`` -> (args of plan.run, plan, cache). ``shuffled``: slots and
+    blocks in random order (as an engine's pages are), else in order."""
     parts = case.split(":")
     fmt = parts[0]
     B = int(parts[1]) if len(parts) > 1 else 32
     CTX = int(parts[2]) if len(parts) > 2 else 8192
     variant = parts[3] if len(parts) > 3 else "auto"
     nb = B * CTX // BS
+    order = torch.randperm if shuffled else torch.arange
     cache = kvlab.allocate_cache(fmt, nb, BS, HKV, D, like=torch.empty(1, device="cuda", dtype=torch.bfloat16))
     kv = torch.randn((nb * BS, HKV, D), generator=g, device="cuda").to(torch.bfloat16)
-    kvlab.reshape_and_cache(kv, kv, cache, torch.arange(nb * BS, device="cuda"), fmt)
+    kvlab.reshape_and_cache(kv, kv, cache, order(nb * BS, device="cuda"), fmt)
     del kv
-    bt = torch.arange(nb, device="cuda", dtype=torch.int32).reshape(B, CTX // BS)
+    bt = order(nb, device="cuda").to(torch.int32).reshape(B, CTX // BS)
     sl = torch.full((B,), CTX, device="cuda", dtype=torch.int32)
     qsl = torch.arange(B + 1, device="cuda", dtype=torch.int32)
     q = torch.randn((B, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
-    plan = plan_paged_attention(q, cache, bt, sl, qsl, fmt, decode_variant=variant)
-    plan.run(q, cache, bt, sl, qsl)
-    torch.cuda.synchronize()
-    print(f"profiled {case}: {plan.decode_variant}, {plan.n_items} items")
-    del cache
+    args = (q, cache, bt, sl, qsl)
+    return args, plan_paged_attention(*args, fmt, decode_variant=variant), cache
+
+
+if __name__ == "__main__":
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for case in sys.argv[1:] or ["int4_per_token_head", "nvfp4"]:
+        args, plan, cache = decode_case(case, g)
+        plan.run(*args)
+        torch.cuda.synchronize()
+        print(f"profiled {case}: {plan.decode_variant}, {plan.n_items} items")
+        del cache

@@ -238,6 +238,24 @@ def test_wgmma_prefill_producer_ahead_switches_exclude_each_other(monkeypatch):
         loader.compile_family_offline("paged_prefill_wgmma")
 
 
+def _check_ptx_build(monkeypatch, family, expr, opts, ok=True):
+    """Compile one instantiation of ``family`` to PTX for sm_90 with ``KVLAB_NVRTC_OPTIONS=opts``:
+    it must succeed (``ok``) or stop at an ``#error`` (a switch combination that is refused)."""
+    import io
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=[expr],
+                                  method="ptx")
+    build = lambda: prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())  # noqa: E731
+    if ok:
+        build()
+    else:
+        with pytest.raises(Exception, match="#error"):
+            build()
+
+
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_DIV64"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
@@ -301,19 +319,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
     """-DKVLAB_INT4_WRITE_DIV64 / _LEAN2 choose the lean MMA8 write's index math: accepted with it,
     an #error with each other (one index math at a time) and with the builds that have no lean
     MMA8 write (_PLAIN_TAIL, _CUDA_CORES, _MMA), so that an A/B build cannot be mislabelled."""
-    import io
-
-    from cupy.cuda import compiler
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    prog = compiler._NVRTCProgram(loader.read_source("reshape_and_cache"), "reshape_and_cache.cu",
-                                  name_expressions=["reshape_and_cache<3, 128, __nv_bfloat16, false>"],
-                                  method="ptx")
-    if ok:
-        prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
-    else:
-        with pytest.raises(Exception, match="#error"):
-            prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+    _check_ptx_build(monkeypatch, "reshape_and_cache", "reshape_and_cache<3, 128, __nv_bfloat16, false>", opts, ok)
 
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4"])
@@ -345,16 +351,7 @@ def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
     """KVLAB_DECODE_STAGE_NVFP4 (the default since session 9) extends the default stage body: an
     #error when it is named together with -DKVLAB_DECODE_NO_STAGE or its own NO_ switch, so that
     an A/B build cannot be mislabelled."""
-    import io
-
-    from cupy.cuda import compiler
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
-                                  name_expressions=["paged_attention_decode_paged<4, 128, __half>"],
-                                  method="ptx")
-    with pytest.raises(Exception, match="#error"):
-        prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+    _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<4, 128, __half>", opts, ok=False)
 
 
 @pytest.mark.parametrize("opts, ok", [("-DKVLAB_DECODE_PROBE=1", True), ("-DKVLAB_DECODE_PROBE=2", True),
@@ -363,16 +360,4 @@ def test_decode_probe_builds(opts, ok, monkeypatch):
     """The paged decode's measurement-only probes (docs/perf-notes.md "Session 10: where the paged
     decode's time goes": =1 data only, =2 math only) compile, so a session can run them; any other
     value is an #error."""
-    import io
-
-    from cupy.cuda import compiler
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
-                                  name_expressions=["paged_attention_decode_paged<3, 128, __nv_bfloat16>"],
-                                  method="ptx")
-    if ok:
-        prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
-    else:
-        with pytest.raises(Exception, match="#error"):
-            prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+    _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 128, __nv_bfloat16>", opts, ok)
