@@ -22,6 +22,9 @@
 #   PROFILE_DECODE='int4_per_token_head:32:8192:paged int4_per_token_head:1:131072:per_head'
 #                                      Nsight Compute over one decode launch per case
 #                                      (scripts/profile_decode.py FORMAT:B:CTX:VARIANT), after the benches
+#   PRE='python3 scripts/ring_probe.py --out "$OUT/ring"'
+#                                      shell commands run alone on the GPU after the warm-up and
+#                                      before TESTS/SANITIZE (bash -c, cut at T_PRE s), output in pre.log
 #   DEADLINE=570                       seconds after start at which nothing new is started
 # Everything lands in $OUT/ab.tgz (the device tool brings back only a few files) plus summary.txt.
 set -uo pipefail
@@ -48,6 +51,10 @@ if [ -n "${WARM:-}" ]; then
       'o=$(cut -f1 <<< "{}"); f=$(cut -f2 <<< "{}"); KVLAB_NVRTC_OPTIONS="$o" timeout '"${T_WARM:-300}"' python3 scripts/warm_kernels.py "$f" 2>&1 | tail -1' \
     > "$OUT/warm.log" 2>&1
   echo "warm done [$(el) s]: $(grep -c '^warm .* s$' "$OUT/warm.log") compiled, slowest: $(grep -o '[0-9]* s$' "$OUT/warm.log" | sort -n | tail -1)"
+fi
+if [ -n "${PRE:-}" ]; then
+  OUT="$OUT" timeout "${T_PRE:-120}" bash -c "$PRE" > "$OUT/pre.log" 2>&1; echo "pre rc=$? [$(el) s]"
+  tail -"${PRE_LINES:-40}" "$OUT/pre.log"
 fi
 pids=()
 if [ -n "${SANITIZE:-}" ]; then

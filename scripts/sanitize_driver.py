@@ -91,6 +91,17 @@ def main() -> int:
                                           t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
                 os.environ.pop("KVLAB_DECODE_VARIANT")
     torch.cuda.synchronize()
+    step("ring probe (measurement tool)")
+    from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, stream
+    for cfg in (RingConfig("t", chunk=1088, per_stage=3, nbuf=2, split=4, layout="paged"),
+                RingConfig("w", mode="bulk_warp", chunk=1088, per_stage=2, nbuf=3, evict_first=True),
+                RingConfig("l", mode="loads", chunk=1088, per_stage=3, layout="paged")):
+        if cfg.mode != "loads" and cupy.cuda.Device(0).compute_capability < "90":
+            continue
+        offs = chunk_offsets(cfg, 3, 8)
+        stream(cfg, cupy.asarray(rng.integers(0, 256, 3 * 8 * cfg.chunk, dtype=np.uint8)),
+               cupy.asarray(offs), 3, 8, cupy.zeros(3 * THREADS, cupy.uint32))
+    cupy.cuda.runtime.deviceSynchronize()
     step("done")
     return 0
 
