@@ -1182,61 +1182,25 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     mbar_init_fence();
   }
 
-  // ---- prologue: this warp's 8 query columns (as paged_attention_decode), staged in the
-  // dynamic buffer before any copy is issued
-  uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm) + static_cast<size_t>(warp) * NCOL * D;
-  for (int n = 0; n < NCOL; ++n)
-    stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
-                                  scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
-                                  &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
-  __syncwarp();
-  // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
-  // packs it (written out in both kernels: see the note there)
-  uint32_t qa[KC][2];
-  if constexpr (ImmaQK<FMT>::value) {
-    imma_query_regs<FMT, D>(q_sm + g * D, c, qa);
-  } else {
-#pragma unroll
-    for (int kk = 0; kk < KC; ++kk)
-#pragma unroll
-      for (int p = 0; p < 2; ++p)
-        qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
-                          q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
-  }
-  const float qsum = qsum_sm[warp][g], qoff = qoff_sm[warp][g], cs = cscale_sm[warp][g];
-  const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
-  const int qpos = qpos_sm[warp][g];
-
   // KV range: the same for every warp (all column groups hold the same query tokens), so
-  // every thread walks the same stages (the mbarrier counts rely on it)
-  int pmin, pmax, lo16;
-  const int nch = kv_tiles(qpos_sm[warp], kv_lo, kv_hi, window, pmin, pmax, lo16);   // 16-token chunks
-  const int nst = (nch + CPT - 1) / CPT;                    // stages
-  // Chunks [tf0, tf1) need no bounds or mask test (as in the per-head kernel)
-  const int tend = (pmin < L ? pmin + 1 : L) - lo16;
-  int tf1 = tend > 0 ? min(tend >> 4, nch) : 0;
-  int tf0 = 0;
-  if (window > 0) {
-    const int wlo = pmax - window - lo16;
-    tf0 = wlo >= 0 ? min(wlo / 16 + 1, nch) : 0;
-  }
-  tf1 = max(tf1, tf0);
-
-  float acc[KC][4];
+  // every thread walks the same stages (the mbarrier counts rely on it). The columns'
+  // positions are those stage_query_column writes to qpos_sm (computed here, before it runs,
+  // so that the first copies can be issued ahead of the prologue).
+  int qp[NCOL];
 #pragma unroll
-  for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
-  float m = NEG_BIG, l = 0.f, z = 0.f;
+  for (int n = 0; n < NCOL; ++n) {
+    const int tok = tok0 + n / hpc;
+    qp[n] = (n < tpc * hpc && tok < Lq) ? L - Lq + tok : -1;
+  }
+  int pmin, pmax, lo16;
+  const int nch = kv_tiles(qp, kv_lo, kv_hi, window, pmin, pmax, lo16);   // 16-token chunks
+  const int nst = (nch + CPT - 1) / CPT;                    // stages
 
   const size_t side_stride = static_cast<size_t>(BS) * H * ROW;          // one (block, side) slab
   const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
   const int side_sm = TT * H * ROW;                                      // one side of a stage
   const int stage_sm = 2 * side_sm;
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
-  // The q staging was read (qa) by every warp and the barriers are initialized; the stages
-  // overwrite the q staging through the async proxy.
-  fence_proxy_async_smem();
-  __syncthreads();
-
   // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b.
   auto issue = [&](int st, int b) {   // b = st % nbuf
     uint8_t* sbuf = dsm + b * stage_sm;
@@ -1260,6 +1224,63 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       }
     }
   };
+
+  // ---- prologue: this warp's 8 query columns (as paged_attention_decode), staged at the end of
+  // the ring (q_off, 128-byte aligned) so that the stages in the buffers before it (b < q_buf)
+  // are copied while the queries are loaded and staged; the others are issued after the
+  // barrier below. -DKVLAB_DECODE_NO_EARLY_ISSUE: the q staging at the start and every first
+  // copy after the prologue (the session-9 kernel; docs/perf-notes.md "Session 10").
+#ifdef KVLAB_DECODE_NO_EARLY_ISSUE
+  constexpr int q_off = 0;
+  const int q_buf = 0;
+#else
+  const int q_off = max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
+  const int q_buf = q_off / stage_sm;   // the first buffer the q staging overlaps
+  if (tid == 0)
+    for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st);
+#endif
+  uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm + q_off) + static_cast<size_t>(warp) * NCOL * D;
+  for (int n = 0; n < NCOL; ++n)
+    stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
+                                  scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
+                                  &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
+  __syncwarp();
+  // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
+  // packs it (written out in both kernels: see the note there)
+  uint32_t qa[KC][2];
+  if constexpr (ImmaQK<FMT>::value) {
+    imma_query_regs<FMT, D>(q_sm + g * D, c, qa);
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < KC; ++kk)
+#pragma unroll
+      for (int p = 0; p < 2; ++p)
+        qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
+                          q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
+  }
+  const float qsum = qsum_sm[warp][g], qoff = qoff_sm[warp][g], cs = cscale_sm[warp][g];
+  const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
+  const int qpos = qpos_sm[warp][g];
+
+  // Chunks [tf0, tf1) need no bounds or mask test (as in the per-head kernel)
+  const int tend = (pmin < L ? pmin + 1 : L) - lo16;
+  int tf1 = tend > 0 ? min(tend >> 4, nch) : 0;
+  int tf0 = 0;
+  if (window > 0) {
+    const int wlo = pmax - window - lo16;
+    tf0 = wlo >= 0 ? min(wlo / 16 + 1, nch) : 0;
+  }
+  tf1 = max(tf1, tf0);
+
+  float acc[KC][4];
+#pragma unroll
+  for (int j = 0; j < KC; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  float m = NEG_BIG, l = 0.f, z = 0.f;
+
+  // The q staging was read (qa) by every warp and the barriers are initialized; the stages
+  // from buffer q_buf on overwrite the q staging through the async proxy.
+  fence_proxy_async_smem();
+  __syncthreads();
 
   // This thread's byte offsets within chunk 0 of a staged buffer (chunk j adds j·16·H·DROW,
   // nvfp4's scales j·16·H·S).
@@ -1423,7 +1444,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 
   // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
   if (tid == 0)
-    for (int st = 0; st < min(nbuf, nst); ++st) issue(st, st);
+    for (int st = q_buf; st < min(nbuf, nst); ++st) issue(st, st);
   int b = 0;          // st % nbuf
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
   // KVLAB_DECODE_PROBE (measurement only, wrong outputs; docs/perf-notes.md "Session 10: where the

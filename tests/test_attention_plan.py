@@ -81,6 +81,19 @@ def test_paged_stage_count(h200, code, d, h, expect):
         assert "two stages" in note
 
 
+def test_paged_stage_cap_env(h200, monkeypatch):
+    A = h200
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "2")
+    assert A._paged_buffers(3, 128, 8, 8, 0)[0] == 2      # int4: 3 fit, capped at 2
+    assert A._paged_buffers(3, 64, 3, 3, 0)[0] == 2
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
+    assert A._paged_buffers(3, 128, 8, 8, 0)[0] == 3      # a cap above what fits changes nothing
+    for bad in ("1", "5", "two"):
+        monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", bad)
+        with pytest.raises(ValueError, match="KVLAB_DECODE_PAGED_NBUF"):
+            A._paged_buffers(3, 128, 8, 8, 0)
+
+
 def test_paged_needs_sm90_and_at_most_8_column_groups(h200, monkeypatch):
     import cupy
 

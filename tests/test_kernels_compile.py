@@ -322,14 +322,16 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
     _check_ptx_build(monkeypatch, "reshape_and_cache", "reshape_and_cache<3, 128, __nv_bfloat16, false>", opts, ok)
 
 
-@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4"])
+@pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
+                                  "-DKVLAB_DECODE_NO_EARLY_ISSUE"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
     without stack or spills, in the default build (the paged kernel's int4 stage-level body since
     session 8, docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE", and the nvfp4 one
     since session 9), with -DKVLAB_DECODE_NO_STAGE (session 7's per-chunk body), with
-    and with -DKVLAB_DECODE_NO_STAGE_NVFP4 (nvfp4 on the per-chunk body); the int4 and nvfp4
+    -DKVLAB_DECODE_NO_STAGE_NVFP4 (nvfp4 on the per-chunk body) and with
+    -DKVLAB_DECODE_NO_EARLY_ISSUE (the paged ring's first copies after the prologue); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)

@@ -146,7 +146,8 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> 
 
     As many stages (≤ ``PG_MAXBUF``) as fit while two CTAs share an SM (one at d = 256, the
     kernel's launch bound), else one CTA per SM; at least two (one stage decoded while the
-    next ones are copied)."""
+    next ones are copied). ``KVLAB_DECODE_PAGED_NBUF=n`` caps the stages at ``n`` (2 … 4; an A/B
+    knob, docs/perf-notes.md "Session 10")."""
     import cupy
 
     cc = int(cupy.cuda.Device(device_id).compute_capability)
@@ -156,9 +157,14 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> 
         return 0, f"paged decode needs num_kv_heads * G / hpc <= {PG_MAXW} column groups, got {ny}"
     _, smem_sm = _device_props(device_id)
     stage = paged_stage_bytes(code, d, num_kv_heads)
+    cap = os.environ.get("KVLAB_DECODE_PAGED_NBUF", "").strip()
+    if cap:
+        if not cap.isdigit() or not 2 <= int(cap) <= PG_MAXBUF:
+            raise ValueError(f"KVLAB_DECODE_PAGED_NBUF: 2 … {PG_MAXBUF}, got {cap!r}")
+    cap = int(cap) if cap else PG_MAXBUF
     for ctas in ((2, 1) if d <= 128 else (1,)):
         per_cta = min(smem_sm // ctas, _smem_optin(device_id)) - 4 * 1024  # static + reserved
-        nbuf = min(PG_MAXBUF, per_cta // stage)
+        nbuf = min(PG_MAXBUF, per_cta // stage, cap)
         if nbuf >= 2 and paged_smem_bytes(code, d, num_kv_heads, ny, nbuf) <= per_cta:
             return nbuf, ""
     return 0, (f"paged decode needs two stages of {stage} B of shared memory per CTA, "
