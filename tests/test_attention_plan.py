@@ -63,16 +63,23 @@ def h200(monkeypatch):
     return A
 
 
-@pytest.mark.parametrize("code, d, h, expect", [
-    (3, 128, 8, 3),   # int4: stages of 2·32·8·68 = 34,816 B; 3 fit in 110 KB (2 CTAs/SM)
-    (4, 128, 8, 3),   # nvfp4: 36,864 B stages (rows of 72 B)
-    (1, 128, 8, 3),   # int8: 16-token stages of 33,792 B
-    (0, 128, 8, 3),   # auto: 65,536 B stages only fit one CTA per SM (3 stages of 223 KB)
-    (3, 64, 3, 4),    # the shipped model's shape: small stages, the 4-stage cap
-    (0, 256, 8, 0),   # auto d=256, 8 heads: a stage is 131 KB, two do not fit
+@pytest.mark.parametrize("code, d, h, expect, fit", [
+    (3, 128, 8, 2, 3),   # int4: stages of 2·32·8·68 = 34,816 B; 3 fit in 110 KB (2 CTAs/SM), big: 2
+    (4, 128, 8, 2, 3),   # nvfp4: 36,864 B stages (rows of 72 B)
+    (1, 128, 8, 2, 3),   # int8: 16-token stages of 33,792 B
+    (0, 128, 8, 2, 3),   # auto: 65,536 B stages only fit one CTA per SM (3 stages of 223 KB)
+    (3, 64, 3, 4, 4),    # the shipped model's shape: small stages, the 4-stage cap
+    (1, 128, 4, 4, 4),   # int8, 4 heads: 16,896 B stages, not big: as many as fit
+    (0, 256, 8, 0, 0),   # auto d=256, 8 heads: a stage is 131 KB, two do not fit
 ])
-def test_paged_stage_count(h200, code, d, h, expect):
+def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
     A = h200
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF", raising=False)
+    if fit > 2:   # the big-stage cap is what makes the difference
+        assert (A.paged_stage_bytes(code, d, h) >= A.PG_BIG_STAGE) == (expect == 2)
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")   # the session-9 rule: as many as fit
+    assert A._paged_buffers(code, d, h, h, 0)[0] == fit
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF")
     nbuf, note = A._paged_buffers(code, d, h, h, 0)
     assert nbuf == expect, note
     if nbuf:   # fits one block's opt-in limit with room for the static part
@@ -87,7 +94,9 @@ def test_paged_stage_cap_env(h200, monkeypatch):
     assert A._paged_buffers(3, 128, 8, 8, 0)[0] == 2      # int4: 3 fit, capped at 2
     assert A._paged_buffers(3, 64, 3, 3, 0)[0] == 2
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
-    assert A._paged_buffers(3, 128, 8, 8, 0)[0] == 3      # a cap above what fits changes nothing
+    assert A._paged_buffers(3, 128, 8, 8, 0)[0] == 3      # a cap above what fits: what fits
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "3")
+    assert A._paged_buffers(0, 128, 8, 8, 0)[0] == 3      # the cap lifts the big-stage default
     for bad in ("1", "5", "two"):
         monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", bad)
         with pytest.raises(ValueError, match="KVLAB_DECODE_PAGED_NBUF"):

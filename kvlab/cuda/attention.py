@@ -85,6 +85,8 @@ AUTO_PAGED_MIN_SM_FRACTION = {"int8_per_token_head": 1.0, "fp8_per_token_head": 
                               "int4_per_token_head": 1.0, "nvfp4": 2.0}
 PG_MAXW = 8                 # column groups (warps) per CTA of the paged decode kernel
 PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_attention.cu)
+PG_BIG_STAGE = 32 * 1024    # stages this big (all formats at d = 128 with 8 KV heads) …
+PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffers)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
@@ -146,8 +148,11 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> 
 
     As many stages (≤ ``PG_MAXBUF``) as fit while two CTAs share an SM (one at d = 256, the
     kernel's launch bound), else one CTA per SM; at least two (one stage decoded while the
-    next ones are copied). ``KVLAB_DECODE_PAGED_NBUF=n`` caps the stages at ``n`` (2 … 4; an A/B
-    knob, docs/perf-notes.md "Session 10")."""
+    next ones are copied). Stages of ``PG_BIG_STAGE`` bytes or more are capped at two: measured
+    on the H200 (docs/perf-notes.md "Session 10"), a deeper ring of big stages moves the cache
+    more slowly (int4 d = 128, 8 heads: 3 stages 0.1051 ms, 2 stages 0.1047–0.1052; auto:
+    0.3352 → 0.2729 ms). ``KVLAB_DECODE_PAGED_NBUF=n`` sets the cap to ``n`` (2 … 4) instead
+    (``4``: as many as fit, the session-9 rule)."""
     import cupy
 
     cc = int(cupy.cuda.Device(device_id).compute_capability)
@@ -161,7 +166,7 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> 
     if cap:
         if not cap.isdigit() or not 2 <= int(cap) <= PG_MAXBUF:
             raise ValueError(f"KVLAB_DECODE_PAGED_NBUF: 2 … {PG_MAXBUF}, got {cap!r}")
-    cap = int(cap) if cap else PG_MAXBUF
+    cap = int(cap) if cap else (PG_BIG_STAGE_NBUF if stage >= PG_BIG_STAGE else PG_MAXBUF)
     for ctas in ((2, 1) if d <= 128 else (1,)):
         per_cta = min(smem_sm // ctas, _smem_optin(device_id)) - 4 * 1024  # static + reserved
         nbuf = min(PG_MAXBUF, per_cta // stage, cap)

@@ -272,6 +272,27 @@ def test_split_merge_forms(rng, fmt, shape, split, variant, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} split merge={split} {variant}")
 
 
+@pytest.mark.parametrize("nbuf", [2, 3, 4])
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(8, 4, 128, 16), (3, 3, 64, 32)], ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_paged_ring_depths(rng, fmt, shape, nbuf, monkeypatch):
+    """The paged decode's ring at every depth the plan can pick (KVLAB_DECODE_PAGED_NBUF caps it;
+    the default is 2 for big stages since session 10): stages issued before the prologue (the
+    buffers ahead of the q staging at the ring's end) and after it, ranges shorter than the ring,
+    a sliding window, a decode + chunked-prefill mix, several splits."""
+    if _device_cc() < 90:
+        pytest.skip("the paged decode needs sm_90")
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", str(nbuf))
+    hkv, group, d, bs = shape
+    fit = 3 if d == 128 else 4   # 8 heads at d = 128: 3 stages fit (test_attention_plan.py)
+    case = build_case(rng, fmt, hkv, group, d, bs, [1, 2, 1, 1],
+                      [3000 + int(rng.integers(0, 40)), 700 + int(rng.integers(0, 9)), 17, 1])
+    for window in (None, 333):
+        out, plan = run_gpu(case, num_splits=int(rng.choice([1, 5])), sliding_window=window, variant="paged")
+        assert plan.paged_nbuf == min(nbuf, fit), (plan.paged_nbuf, nbuf, fit)
+        check_close(out, run_ref(case, sliding_window=window), "bfloat16", f"{fmt} nbuf={plan.paged_nbuf} w={window}")
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("block_size", [16, 64])
 @pytest.mark.parametrize("window", [None, 700])
