@@ -1112,8 +1112,10 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 // picks this variant there.
 //
 // Dynamic shared memory (bytes, H = num_kv_heads): nbuf stages of 2·TT·H·ROW, aliased by the
-// q staging (prologue, ny·NCOL·D·2) and the output rows (epilogue, ny·NCOL·D·4). The plan
-// computes the same size and picks nbuf (kvlab/cuda/attention.py, paged_smem_bytes).
+// q staging (prologue, ny·NCOL·D·2, at the ring's end so that the stages before it are copied
+// during the prologue) and the output rows (epilogue, ny·NCOL·D·4, from the start). The plan
+// computes the same size and picks nbuf (kvlab/cuda/attention.py, paged_smem_bytes and
+// _paged_buffers: two stages when a stage is ≥ 32 KB).
 // ====================================================================================
 #include "bulk_copy.cuh"
 
