@@ -1124,6 +1124,38 @@ constexpr int PG_MAXW = 8;    // column groups (warps) per CTA at most
 constexpr int PG_MAXBUF = 4;  // stage buffers at most
 }
 
+// KVLAB_DECODE_TIMELINE (measurement only; scripts/decode_cta_timeline.py): thread 0 of every
+// paged-decode CTA writes %globaltimer (ns, comparable across SMs) and clock64 (cycles, this SM)
+// at five points — start, after the prologue's barrier, stage 0's data in, after the last
+// stage's math, after the epilogue (behind one extra __syncthreads) — plus its SM and stage
+// count, to kvlab_decode_timeline[blockIdx.x · 16 + …]. Outputs stay correct; the default build
+// has none of it.
+#ifdef KVLAB_DECODE_TIMELINE
+constexpr int TL_MAX_CTAS = 8192, TL_WORDS = 16;
+__device__ unsigned long long kvlab_decode_timeline[TL_MAX_CTAS * TL_WORDS];
+__device__ __forceinline__ void tl_mark(int k) {
+  if (threadIdx.x == 0 && blockIdx.x < TL_MAX_CTAS) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    kvlab_decode_timeline[blockIdx.x * TL_WORDS + k] = t;
+    kvlab_decode_timeline[blockIdx.x * TL_WORDS + 5 + k] = static_cast<unsigned long long>(clock64());
+  }
+}
+__device__ __forceinline__ void tl_info(int nst) {
+  if (threadIdx.x == 0 && blockIdx.x < TL_MAX_CTAS) {
+    unsigned smid;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(smid));
+    kvlab_decode_timeline[blockIdx.x * TL_WORDS + 10] = smid;
+    kvlab_decode_timeline[blockIdx.x * TL_WORDS + 11] = static_cast<unsigned long long>(nst);
+  }
+}
+#define KVLAB_TL_MARK(k) tl_mark(k)
+#define KVLAB_TL_INFO(n) tl_info(n)
+#else
+#define KVLAB_TL_MARK(k) ((void)0)
+#define KVLAB_TL_INFO(n) ((void)0)
+#endif
+
 template <int FMT, int D>
 struct PagedTile {
   static constexpr int ROW = Traits<FMT, D, __half>::ROW;   // bytes per (token, head) row
@@ -1183,6 +1215,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     }
     mbar_init_fence();
   }
+  KVLAB_TL_MARK(0);
 
   // KV range: the same for every warp (all column groups hold the same query tokens), so
   // every thread walks the same stages (the mbarrier counts rely on it). The columns'
@@ -1283,6 +1316,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // from buffer q_buf on overwrite the q staging through the async proxy.
   fence_proxy_async_smem();
   __syncthreads();
+  KVLAB_TL_MARK(1);
+  KVLAB_TL_INFO(nst);
 
   // This thread's byte offsets within chunk 0 of a staged buffer (chunk j adds j·16·H·DROW,
   // nvfp4's scales j·16·H·S).
@@ -1463,6 +1498,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #endif
   for (int st = 0; st < nst; ++st) {
     if (PROBE_DATA || st < nbuf) mbar_wait(&full_bar[b], ph);
+#ifdef KVLAB_DECODE_TIMELINE
+    if (st == 0) KVLAB_TL_MARK(2);
+#endif
     const uint8_t* sbuf = dsm + b * stage_sm;
     if (PROBE_MATH) {
 #ifdef KVLAB_DECODE_STAGE
@@ -1559,6 +1597,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     if (++b == nbuf) { b = 0; ph ^= 1u; }
   }
 
+  KVLAB_TL_MARK(3);
   // ---- epilogue: one warp per column group, no merge across warps
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -1582,5 +1621,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
                              kvh * G + hg * hpc, ws_o, ws_ml, lane);
   }
+#ifdef KVLAB_DECODE_TIMELINE
+  __syncthreads();
+  KVLAB_TL_MARK(4);
+#endif
 #endif
 }
