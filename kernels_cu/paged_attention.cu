@@ -157,18 +157,25 @@ __device__ __forceinline__ void pv_mma(const TileRaw<FMT, D>& r, float (&acc)[D 
 // into qrow[0..D) (shared memory). Lane 0 writes Σq (qsum), Σ_d q_d·qk_offset(d) (qoff, the
 // operand offsets of k_operand_fast), the log2 softmax scale over the prescale (cscale) and
 // the KV position of the query token (qpos, -1 for a padding column).
+template <int D, typename T>
+__device__ __forceinline__ void load_query_column(const T* __restrict__ q, int n, int tok0, int hpc, int tpc,
+                                                  int qs, int Lq, int num_q_heads, int qhead0, int lane,
+                                                  float (&x)[D / 32]) {
+  const int tok = tok0 + n / hpc;
+  load_query_raw<D, T>(q, (n < tpc * hpc) && (tok < Lq), qs + tok, num_q_heads, qhead0 + n % hpc, lane, x);
+}
+
+// Stages query column n from its loaded elements x (load_query_column; rotated and prescaled
+// here, so x is overwritten).
 template <int FMT, int D, typename T>
-__device__ __forceinline__ void stage_query_column(
-    const T* __restrict__ q, int n, int tok0, int hpc, int tpc, int qs, int Lq, int L,
-    int num_q_heads, int qhead0, float scale_log2, int lane, uint16_t* qrow, float* qsum,
-    float* qoff, float* cscale, int* qpos) {
+__device__ __forceinline__ void stage_query_loaded(
+    float (&x)[D / 32], int n, int tok0, int hpc, int tpc, int Lq, int L, float scale_log2, int lane,
+    uint16_t* qrow, float* qsum, float* qoff, float* cscale, int* qpos) {
   using CTQ = typename Traits<FMT, D, T>::CT_QK;
   constexpr int E = D / 32;
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
-  const int qhead = qhead0 + n % hpc;
-  float x[E];
-  const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
+  const float pre = query_vector_prescale<FMT, D>(x, lane);
   if constexpr (ImmaQK<FMT>::value) {
     // integer Q·K (attention_common.cuh, ImmaQK): q̂ = RN(q / δ) as limbs hi << 8 | lo; qsum
     // holds Σ q̂ (an int, bit-cast), cscale the softmax scale times δ. A non-finite element makes
@@ -218,6 +225,16 @@ __device__ __forceinline__ void stage_query_column(
     *cscale = scale_log2 / pre;
     *qpos = valid ? (L - Lq + tok) : -1;
   }
+}
+
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void stage_query_column(
+    const T* __restrict__ q, int n, int tok0, int hpc, int tpc, int qs, int Lq, int L,
+    int num_q_heads, int qhead0, float scale_log2, int lane, uint16_t* qrow, float* qsum,
+    float* qoff, float* cscale, int* qpos) {
+  float x[D / 32];
+  load_query_column<D, T>(q, n, tok0, hpc, tpc, qs, Lq, num_q_heads, qhead0, lane, x);
+  stage_query_loaded<FMT, D, T>(x, n, tok0, hpc, tpc, Lq, L, scale_log2, lane, qrow, qsum, qoff, cscale, qpos);
 }
 
 // KV range of a CTA: its split [kv_lo, kv_hi) cut to what the columns can see (query KV
@@ -1275,10 +1292,28 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st);
 #endif
   uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm + q_off) + static_cast<size_t>(warp) * NCOL * D;
+#ifdef KVLAB_DECODE_SERIAL_QUERY_LOADS
   for (int n = 0; n < NCOL; ++n)
     stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
                                   scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
                                   &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
+#else
+  // The warp's 8 query rows are loaded first (8 independent global loads in flight), then
+  // staged: one DRAM round trip instead of 8 serial ones (the -DKVLAB_DECODE_TIMELINE build
+  // measured a 10 µs prologue with the serial loads, -DKVLAB_DECODE_SERIAL_QUERY_LOADS;
+  // docs/perf-notes.md "Session 10").
+  {
+    float xq[NCOL][E];
+#pragma unroll
+    for (int n = 0; n < NCOL; ++n)
+      load_query_column<D, T>(q, n, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, xq[n]);
+#pragma unroll
+    for (int n = 0; n < NCOL; ++n)
+      stage_query_loaded<FMT, D, T>(xq[n], n, tok0, hpc, tpc, Lq, L, scale_log2, lane, q_sm + n * D,
+                                    &qsum_sm[warp][n], &qoff_sm[warp][n], &cscale_sm[warp][n],
+                                    &qpos_sm[warp][n]);
+  }
+#endif
   __syncwarp();
   // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
   // packs it (written out in both kernels: see the note there)
