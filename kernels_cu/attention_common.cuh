@@ -484,10 +484,10 @@ __device__ __forceinline__ float query_vector_prescale(float (&x)[D / 32], int l
   return pre;
 }
 
-// The query row's E elements of this lane as floats (zeros for an invalid column); no scaling.
-template <int D, typename T>
-__device__ __forceinline__ void load_query_raw(const T* __restrict__ q, bool valid, int qtok, int num_q_heads,
-                                               int qhead, int lane, float (&x)[D / 32]) {
+template <int FMT, int D, typename T>
+__device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool valid, int qtok,
+                                                   int num_q_heads, int qhead, int lane,
+                                                   float (&x)[D / 32]) {
   constexpr int E = D / 32;
   if (valid) {
     const T* qr = q + (static_cast<size_t>(qtok) * num_q_heads + qhead) * D + lane * E;
@@ -497,13 +497,6 @@ __device__ __forceinline__ void load_query_raw(const T* __restrict__ q, bool val
 #pragma unroll
     for (int j = 0; j < E; ++j) x[j] = 0.f;
   }
-}
-
-template <int FMT, int D, typename T>
-__device__ __forceinline__ float load_query_vector(const T* __restrict__ q, bool valid, int qtok,
-                                                   int num_q_heads, int qhead, int lane,
-                                                   float (&x)[D / 32]) {
-  load_query_raw<D, T>(q, valid, qtok, num_q_heads, qhead, lane, x);
   return query_vector_prescale<FMT, D>(x, lane);
 }
 

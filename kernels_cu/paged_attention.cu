@@ -157,25 +157,18 @@ __device__ __forceinline__ void pv_mma(const TileRaw<FMT, D>& r, float (&acc)[D 
 // into qrow[0..D) (shared memory). Lane 0 writes Σq (qsum), Σ_d q_d·qk_offset(d) (qoff, the
 // operand offsets of k_operand_fast), the log2 softmax scale over the prescale (cscale) and
 // the KV position of the query token (qpos, -1 for a padding column).
-template <int D, typename T>
-__device__ __forceinline__ void load_query_column(const T* __restrict__ q, int n, int tok0, int hpc, int tpc,
-                                                  int qs, int Lq, int num_q_heads, int qhead0, int lane,
-                                                  float (&x)[D / 32]) {
-  const int tok = tok0 + n / hpc;
-  load_query_raw<D, T>(q, (n < tpc * hpc) && (tok < Lq), qs + tok, num_q_heads, qhead0 + n % hpc, lane, x);
-}
-
-// Stages query column n from its loaded elements x (load_query_column; rotated and prescaled
-// here, so x is overwritten).
 template <int FMT, int D, typename T>
-__device__ __forceinline__ void stage_query_loaded(
-    float (&x)[D / 32], int n, int tok0, int hpc, int tpc, int Lq, int L, float scale_log2, int lane,
-    uint16_t* qrow, float* qsum, float* qoff, float* cscale, int* qpos) {
+__device__ __forceinline__ void stage_query_column(
+    const T* __restrict__ q, int n, int tok0, int hpc, int tpc, int qs, int Lq, int L,
+    int num_q_heads, int qhead0, float scale_log2, int lane, uint16_t* qrow, float* qsum,
+    float* qoff, float* cscale, int* qpos) {
   using CTQ = typename Traits<FMT, D, T>::CT_QK;
   constexpr int E = D / 32;
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
-  const float pre = query_vector_prescale<FMT, D>(x, lane);
+  const int qhead = qhead0 + n % hpc;
+  float x[E];
+  const float pre = load_query_vector<FMT, D, T>(q, valid, qs + tok, num_q_heads, qhead, lane, x);
   if constexpr (ImmaQK<FMT>::value) {
     // integer Q·K (attention_common.cuh, ImmaQK): q̂ = RN(q / δ) as limbs hi << 8 | lo; qsum
     // holds Σ q̂ (an int, bit-cast), cscale the softmax scale times δ. A non-finite element makes
@@ -225,16 +218,6 @@ __device__ __forceinline__ void stage_query_loaded(
     *cscale = scale_log2 / pre;
     *qpos = valid ? (L - Lq + tok) : -1;
   }
-}
-
-template <int FMT, int D, typename T>
-__device__ __forceinline__ void stage_query_column(
-    const T* __restrict__ q, int n, int tok0, int hpc, int tpc, int qs, int Lq, int L,
-    int num_q_heads, int qhead0, float scale_log2, int lane, uint16_t* qrow, float* qsum,
-    float* qoff, float* cscale, int* qpos) {
-  float x[D / 32];
-  load_query_column<D, T>(q, n, tok0, hpc, tpc, qs, Lq, num_q_heads, qhead0, lane, x);
-  stage_query_loaded<FMT, D, T>(x, n, tok0, hpc, tpc, Lq, L, scale_log2, lane, qrow, qsum, qoff, cscale, qpos);
 }
 
 // KV range of a CTA: its split [kv_lo, kv_hi) cut to what the columns can see (query KV
@@ -1145,8 +1128,10 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most
 // paged-decode CTA writes %globaltimer (ns, comparable across SMs) and clock64 (cycles, this SM)
 // at five points — start, after the prologue's barrier, stage 0's data in, after the last
 // stage's math, after the epilogue (behind one extra __syncthreads) — plus its SM and stage
-// count, to kvlab_decode_timeline[blockIdx.x · 16 + …]. Outputs stay correct; the default build
-// has none of it.
+// count, and clock64 at four points inside the prologue (after the early copies, after the
+// query staging, after the Q operand, before the barrier), to
+// kvlab_decode_timeline[blockIdx.x · 16 + …]. Outputs stay correct; the default build has none
+// of it.
 #ifdef KVLAB_DECODE_TIMELINE
 constexpr int TL_MAX_CTAS = 8192, TL_WORDS = 16;
 __device__ unsigned long long kvlab_decode_timeline[TL_MAX_CTAS * TL_WORDS];
@@ -1166,11 +1151,18 @@ __device__ __forceinline__ void tl_info(int nst) {
     kvlab_decode_timeline[blockIdx.x * TL_WORDS + 11] = static_cast<unsigned long long>(nst);
   }
 }
+// clock64 only, word k (12 … 15): the prologue's parts (thread 0)
+__device__ __forceinline__ void tl_clock(int k) {
+  if (threadIdx.x == 0 && blockIdx.x < TL_MAX_CTAS)
+    kvlab_decode_timeline[blockIdx.x * TL_WORDS + k] = static_cast<unsigned long long>(clock64());
+}
 #define KVLAB_TL_MARK(k) tl_mark(k)
 #define KVLAB_TL_INFO(n) tl_info(n)
+#define KVLAB_TL_CLOCK(k) tl_clock(k)
 #else
 #define KVLAB_TL_MARK(k) ((void)0)
 #define KVLAB_TL_INFO(n) ((void)0)
+#define KVLAB_TL_CLOCK(k) ((void)0)
 #endif
 
 template <int FMT, int D>
@@ -1291,29 +1283,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   if (tid == 0)
     for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st);
 #endif
+  KVLAB_TL_CLOCK(12);
   uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm + q_off) + static_cast<size_t>(warp) * NCOL * D;
-#ifdef KVLAB_DECODE_SERIAL_QUERY_LOADS
   for (int n = 0; n < NCOL; ++n)
     stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
                                   scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
                                   &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
-#else
-  // The warp's 8 query rows are loaded first (8 independent global loads in flight), then
-  // staged: one DRAM round trip instead of 8 serial ones (the -DKVLAB_DECODE_TIMELINE build
-  // measured a 10 µs prologue with the serial loads, -DKVLAB_DECODE_SERIAL_QUERY_LOADS;
-  // docs/perf-notes.md "Session 10").
-  {
-    float xq[NCOL][E];
-#pragma unroll
-    for (int n = 0; n < NCOL; ++n)
-      load_query_column<D, T>(q, n, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, xq[n]);
-#pragma unroll
-    for (int n = 0; n < NCOL; ++n)
-      stage_query_loaded<FMT, D, T>(xq[n], n, tok0, hpc, tpc, Lq, L, scale_log2, lane, q_sm + n * D,
-                                    &qsum_sm[warp][n], &qoff_sm[warp][n], &cscale_sm[warp][n],
-                                    &qpos_sm[warp][n]);
-  }
-#endif
+  KVLAB_TL_CLOCK(13);
   __syncwarp();
   // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
   // packs it (written out in both kernels: see the note there)
@@ -1331,6 +1307,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const float qsum = qsum_sm[warp][g], qoff = qoff_sm[warp][g], cs = cscale_sm[warp][g];
   const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
   const int qpos = qpos_sm[warp][g];
+  KVLAB_TL_CLOCK(14);
 
   // Chunks [tf0, tf1) need no bounds or mask test (as in the per-head kernel)
   const int tend = (pmin < L ? pmin + 1 : L) - lo16;
@@ -1350,6 +1327,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // The q staging was read (qa) by every warp and the barriers are initialized; the stages
   // from buffer q_buf on overwrite the q staging through the async proxy.
   fence_proxy_async_smem();
+  KVLAB_TL_CLOCK(15);
   __syncthreads();
   KVLAB_TL_MARK(1);
   KVLAB_TL_INFO(nst);

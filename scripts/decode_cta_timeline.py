@@ -7,12 +7,14 @@
 The measurement-only build ``-DKVLAB_DECODE_TIMELINE`` (kernels_cu/paged_attention.cu) makes
 thread 0 of every CTA of ``paged_attention_decode_paged`` record %globaltimer and clock64 at five
 points: start (e0), after the prologue's barrier (e1), stage 0's data in (e2), after the last
-stage's math (e3), after the epilogue (e4); plus its SM and stage count. Each case (as
+stage's math (e3), after the epilogue (e4); plus its SM and stage count, and clock64 at four
+points inside the prologue (its parts are printed in cycles). Each case (as
 scripts/profile_decode.py: FORMAT:B:CTX:VARIANT, 32/8 heads, d = 128, block 16, shuffled blocks)
 runs warm, then ``--repeats`` times with L2 flushed before each run; the table gives, per case,
 the medians over repeats of: the launch skew (last CTA start − first), the phases per CTA (median
 and max over CTAs), the tail (last CTA end − median CTA end), the kernel's span (first start →
 last end), and the whole ``plan.run`` (kernel + split merge) timed by CUDA events.
+``--warm-l2`` skips the L2 flush (is the prologue slow because its code and metadata are cold?).
 """
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ def main() -> int:
                                                  "int4_per_token_head:64:32768:paged",
                                                  "nvfp4:32:8192:paged"])
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--warm-l2", action="store_true",
+                    help="do not flush L2 before each run (the kernel's code and metadata stay cached)")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if "KVLAB_DECODE_TIMELINE" not in os.environ.get("KVLAB_NVRTC_OPTIONS", ""):
@@ -68,7 +72,8 @@ def main() -> int:
         reps = []
         for _ in range(args.repeats):
             tl.fill(0)
-            flush.fill(1)
+            if not args.warm_l2:
+                flush.fill(1)
             cupy.cuda.runtime.deviceSynchronize()
             e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
             e0.record()
@@ -95,6 +100,13 @@ def main() -> int:
                 epilogue_med_us=us(np.median(ph[:, 3])), epilogue_max_us=us(ph[:, 3].max()),
                 end_med_us=us(np.median(ends)), span_us=us(ends.max()), tail_us=us(ends.max() - np.median(ends)),
                 prologue_med_cycles=float(np.median(cyc[:, 1] - cyc[:, 0])),
+                # the prologue's parts in cycles (thread 0): early copies, query staging, Q operand,
+                # the rest up to the barrier, the barrier wait
+                pro_issue_cyc=float(np.median(a[:, 12] - cyc[:, 0])),
+                pro_stage_cyc=float(np.median(a[:, 13] - a[:, 12])),
+                pro_qop_cyc=float(np.median(a[:, 14] - a[:, 13])),
+                pro_rest_cyc=float(np.median(a[:, 15] - a[:, 14])),
+                pro_barrier_cyc=float(np.median(cyc[:, 1] - a[:, 15])),
                 stages_med=float(np.median(nst)), ctas=n, sms=int(len(np.unique(a[:, 10]))),
             ))
             raw.setdefault(case, []).append(a.tolist())
@@ -108,7 +120,10 @@ def main() -> int:
             ("span_us", "kernel span µs"), ("skew_us", "start skew"), ("prologue_med_us", "prologue"),
             ("first_data_med_us", "→ data"), ("start_to_data_med_us", "start → data"),
             ("loop_med_us", "loop med"), ("loop_max_us", "loop max"), ("per_stage_med_us", "µs/stage"),
-            ("epilogue_med_us", "epilogue"), ("tail_us", "tail")]
+            ("epilogue_med_us", "epilogue"), ("tail_us", "tail"),
+            ("pro_issue_cyc", "pro: copies cyc"), ("pro_stage_cyc", "pro: q staging cyc"),
+            ("pro_qop_cyc", "pro: Q operand cyc"), ("pro_rest_cyc", "pro: rest cyc"),
+            ("pro_barrier_cyc", "pro: barrier cyc")]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(str(r[k]) if isinstance(r[k], str) else
