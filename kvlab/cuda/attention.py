@@ -27,7 +27,8 @@ plan/run:
     chunks of K and V (all KV heads, contiguous) into a ring of ``nbuf`` shared-memory stages
     with Hopper bulk copies (TMA, mbarrier-completed), the warps decode from there with the
     per-head kernel's tile math (the first stages are copied before the query prologue; two
-    stages when a stage is ≥ 32 KB, ``KVLAB_DECODE_PAGED_NBUF`` caps them). It applies on sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
+    stages when a stage is ≥ 32 KB, ``KVLAB_DECODE_PAGED_NBUF`` caps them). It applies on
+    sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
     at least two stages fit the device's shared memory; otherwise the plan falls back to
     ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
 
