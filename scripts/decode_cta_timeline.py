@@ -14,7 +14,8 @@ runs warm, then ``--repeats`` times with L2 flushed before each run; the table g
 the medians over repeats of: the launch skew (last CTA start − first), the phases per CTA (median
 and max over CTAs), the tail (last CTA end − median CTA end), the kernel's span (first start →
 last end), and the whole ``plan.run`` (kernel + split merge) timed by CUDA events.
-``--warm-l2`` skips the L2 flush (is the prologue slow because its code and metadata are cold?).
+``--l2 dirty|clean|warm`` picks what precedes each run (is the prologue slow because the L2 is
+full of the flush's dirty lines, because the code and metadata are cold, or neither?).
 """
 from __future__ import annotations
 
@@ -39,8 +40,11 @@ def main() -> int:
                                                  "int4_per_token_head:64:32768:paged",
                                                  "nvfp4:32:8192:paged"])
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--warm-l2", action="store_true",
-                    help="do not flush L2 before each run (the kernel's code and metadata stay cached)")
+    ap.add_argument("--l2", choices=("dirty", "clean", "warm"), default="dirty",
+                    help="before each run: 'dirty' overwrites a buffer of twice the L2 (as the "
+                         "benchmark timer does: L2 is left full of dirty lines that the run's first "
+                         "misses must write back), 'clean' does that and then reads another such "
+                         "buffer (the write-backs happen before the run), 'warm' does nothing")
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     if "KVLAB_DECODE_TIMELINE" not in os.environ.get("KVLAB_NVRTC_OPTIONS", ""):
@@ -69,11 +73,16 @@ def main() -> int:
         for _ in range(3):
             plan.run(*run_args)
         flush = _flush_buffer(dev)
+        reread = cupy.empty_like(flush) if args.l2 == "clean" else None
+        if reread is not None:
+            reread.fill(2)
         reps = []
         for _ in range(args.repeats):
             tl.fill(0)
-            if not args.warm_l2:
+            if args.l2 != "warm":
                 flush.fill(1)
+            if reread is not None:
+                int(reread.sum(dtype=cupy.uint64))   # reads every line: evicts the dirty ones
             cupy.cuda.runtime.deviceSynchronize()
             e0, e1 = cupy.cuda.Event(), cupy.cuda.Event()
             e0.record()
@@ -136,7 +145,7 @@ def main() -> int:
         out.mkdir(parents=True, exist_ok=True)
         (out / "decode_cta_timeline.md").write_text(
             "Per-CTA timeline of paged_attention_decode_paged (-DKVLAB_DECODE_TIMELINE), medians over "
-            f"{args.repeats} runs, L2 flushed before each; µs unless named\n\n" + table + "\n")
+            f"{args.repeats} runs, L2 before each: {args.l2}; µs unless named\n\n" + table + "\n")
         (out / "decode_cta_timeline.json").write_text(json.dumps(dict(rows=rows, raw=raw)))
     return 0
 
