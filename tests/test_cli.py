@@ -150,3 +150,17 @@ def test_attention_bench_grids_cover_the_issue_shapes():
     assert {c for _, c in dec[(32, 8, 128)]} >= {1024, 8192, 32768, 131072}
     assert (9, 3, 64) in dec and (32, 8, 64) in dec
     assert dict(suite_decode._grid(True))[(32, 8, 128)] == [(32, 8192), (1, 131072), (64, 4096)]
+
+
+def test_bench_l2_flush_mode(monkeypatch):
+    """KVLAB_BENCH_L2 picks how the timer's cold-L2 flush leaves the L2 (dirty by default,
+    clean = write-backs before the start event); a typo is an error, not a silent default."""
+    from kvlab.bench.timing import l2_flush_mode
+
+    monkeypatch.delenv("KVLAB_BENCH_L2", raising=False)
+    assert l2_flush_mode() == "dirty"
+    monkeypatch.setenv("KVLAB_BENCH_L2", "clean")
+    assert l2_flush_mode() == "clean"
+    monkeypatch.setenv("KVLAB_BENCH_L2", "cleen")
+    with pytest.raises(ValueError, match="KVLAB_BENCH_L2"):
+        l2_flush_mode()

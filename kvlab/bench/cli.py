@@ -7,6 +7,8 @@ Each row has the keys of :data:`ROW_KEYS` (missing ones are filled with ``None``
 
 Writes ``results.json`` (rows + environment) and ``results.md`` (a Markdown table with the
 date, GPU and library versions) into ``--out``. Without a GPU it prints one line and exits 1.
+``KVLAB_BENCH_L2=dirty|clean`` sets how the timer flushes L2 before each repeat
+(:mod:`kvlab.bench.timing`); the header records it as ``l2_flush``.
 """
 from __future__ import annotations
 
@@ -17,6 +19,8 @@ import pkgutil
 import platform
 import sys
 from pathlib import Path
+
+from .timing import l2_flush_mode
 
 ROW_KEYS = ("suite", "case", "impl", "median_ms", "bytes", "gbps", "frac_of_copy",
             "ratio_vs_baseline", "notes")
@@ -77,6 +81,7 @@ def environment(gpu) -> dict:
         "cupy": cupy.__version__,
         "numpy": numpy.__version__,
         "python": platform.python_version(),
+        "l2_flush": l2_flush_mode(),
     }
     try:
         import torch

@@ -15,6 +15,12 @@ API used by every suite (``suite_*.py``):
   the H200 in session 9: ~15 µs on every kvlab attention call, ``docs/perf-notes.md``).
   ``hide_launch=False`` is for rows that mean to include the host (the decode suite's "whole
   call").
+* ``KVLAB_BENCH_L2=dirty|clean`` (:func:`l2_flush_mode`): how ``cold_l2`` flushes. ``dirty``
+  (the default; nvbench and Triton's ``do_bench`` flush this way) overwrites the buffer, so each
+  timed call starts with up to an L2 of dirty lines whose write-backs its first misses wait
+  on; ``clean`` then also reads a second buffer of the same size, so the write-backs happen
+  before the start event. An open question of session 10 (docs/perf-notes.md): the decode's
+  ~10 µs prologue may be those write-backs.
 * :func:`copy_bandwidth_gbps` ``(nbytes) -> float``: GB/s of a device-to-device copy that
   moves ``nbytes`` in total (``nbytes/2`` read + ``nbytes/2`` written) — the bandwidth
   ceiling a kernel moving ``nbytes`` is compared with, measured in the same process.
@@ -44,6 +50,29 @@ def _flush_buffer(device_id: int):
 
     with cupy.cuda.Device(device_id):
         return cupy.empty(max(2 * l2_bytes(device_id), 8 << 20), dtype=cupy.uint8)
+
+
+L2_MODES = ("dirty", "clean")
+
+
+def l2_flush_mode() -> str:
+    """``KVLAB_BENCH_L2`` (``dirty`` unless set): see the module docstring."""
+    import os
+
+    mode = os.environ.get("KVLAB_BENCH_L2", "").strip() or "dirty"
+    if mode not in L2_MODES:
+        raise ValueError(f"KVLAB_BENCH_L2: expected one of {L2_MODES}, got {mode!r}")
+    return mode
+
+
+@functools.cache
+def _reread_buffer(device_id: int):
+    import cupy
+
+    with cupy.cuda.Device(device_id):
+        b = cupy.empty_like(_flush_buffer(device_id))
+        b.fill(3)
+        return b
 
 
 def synchronize() -> None:
@@ -82,11 +111,15 @@ def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3, hide_
         spin_ns = int(min(max(3 * host_ms * 1e6, SPIN_MIN_NS), SPIN_MAX_NS))
     dev = cupy.cuda.runtime.getDevice()
     flush = _flush_buffer(dev) if cold_l2 else None
+    reread = _reread_buffer(dev) if cold_l2 and l2_flush_mode() == "clean" else None
+    sink = cupy.empty((), cupy.uint64) if reread is not None else None
     starts = [cupy.cuda.Event() for _ in range(repeats)]
     ends = [cupy.cuda.Event() for _ in range(repeats)]
     for i in range(repeats):
         if flush is not None:
             flush.fill(i & 0xFF)  # overwrite 2x L2 so the next call starts cold
+        if reread is not None:
+            reread.sum(dtype=cupy.uint64, out=sink)  # read 2x L2: the dirty lines are written back now
         if spin_ns:
             spin(spin_ns)  # the GPU waits while the host queues fn(): the events see no host time
         starts[i].record()
@@ -97,7 +130,7 @@ def bench_ms(fn, repeats: int = 50, cold_l2: bool = True, warmup: int = 3, hide_
     t = np.array([cupy.cuda.get_elapsed_time(s, e) for s, e in zip(starts, ends)])
     return dict(median_ms=float(np.median(t)), p10_ms=float(np.percentile(t, 10)),
                 p90_ms=float(np.percentile(t, 90)), repeats=int(repeats), host_ms=float(host_ms),
-                hide_launch=bool(hide_launch))
+                hide_launch=bool(hide_launch), l2=(l2_flush_mode() if cold_l2 else "warm"))
 
 
 @functools.cache

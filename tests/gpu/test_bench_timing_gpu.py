@@ -49,3 +49,14 @@ def test_spin_waits_at_least_the_requested_time():
     assert ms < 50 * SPIN_MIN_NS * 1e-6, ms   # and returns: a generous bound for a busy machine
     with pytest.raises(ValueError, match="ns: expected >= 0"):
         spin(-1)
+
+
+@pytest.mark.parametrize("mode", ["dirty", "clean"])
+def test_l2_flush_modes_are_recorded(mode, monkeypatch):
+    """KVLAB_BENCH_L2 reaches the timer and its result names it; without cold_l2 the result says
+    "warm". (Whether a clean flush changes a kernel's time is a measurement, not a test.)"""
+    monkeypatch.setenv("KVLAB_BENCH_L2", mode)
+    buf = cupy.empty(2 << 20, dtype=cupy.float32)
+    r = bench_ms(lambda: buf.fill(1.0), repeats=5)
+    assert r["l2"] == mode and r["median_ms"] > 0
+    assert bench_ms(lambda: buf.fill(1.0), repeats=5, cold_l2=False)["l2"] == "warm"
