@@ -140,6 +140,35 @@ def _wgmma_producer_regs(fmt: int, d: int, ahead: bool) -> int:
     return 72 if (d == 128 and fmt in (1, 2)) else 56
 
 
+def _wgmma_sass_functions(monkeypatch, options, bad_log):
+    """(fmt, d, SASS text) of every paged_prefill_wgmma instantiation built with
+    ``KVLAB_NVRTC_OPTIONS=options``, after checking that ptxas printed none of ``bad_log`` (skips
+    without nvdisasm)."""
+    from kvlab.cuda import attention  # noqa: F401
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", options)
+    exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
+    log, sass = _wgmma_sass(exprs)
+    for bad in bad_log:
+        assert bad not in log, log
+    if sass is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    funcs = re.split(r"\n\s*\.text\.", sass)[1:]
+    assert len(funcs) == len(exprs)
+    out = []
+    for f in funcs:
+        m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
+        out.append((int(m.group(1)), int(m.group(2)), f))
+    return out
+
+
+def _assert_register_split(f, fmt, d, ahead):
+    """The producer's setmaxnreg (_wgmma_producer_regs) and the consumers' share of the 3 · 168 pool."""
+    prod = _wgmma_producer_regs(fmt, d, ahead)
+    assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
+    assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
+
+
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
 def test_wgmma_prefill_sass(monkeypatch, options):
     """The default build and -DKVLAB_WGMMA_NO_PRODUCER_AHEAD really issue warpgroup MMAs: no ptxas
@@ -151,23 +180,9 @@ def test_wgmma_prefill_sass(monkeypatch, options):
     the lazy softmax's warp vote, and the wgmma descriptors built in uniform registers, i.e. no
     R2UR between the first wgmma fence and the last wgmma wait at d = 128 (session 7's loop moved
     80 descriptor words there per loop body)."""
-    from kvlab.cuda import attention  # noqa: F401
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", options)
-    exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
-    log, sass = _wgmma_sass(exprs)
-    for bad in ("C7518", "C7510", "serialized", "setmaxnreg", "arning"):
-        assert bad not in log, log
-    if sass is None:
-        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
-    funcs = re.split(r"\n\s*\.text\.", sass)[1:]
-    assert len(funcs) == len(exprs)
-    for f in funcs:
-        m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
-        fmt, d = int(m.group(1)), int(m.group(2))
-        prod = _wgmma_producer_regs(fmt, d, ahead="NO_PRODUCER_AHEAD" not in options)
-        assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
-        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
+    bad_log = ("C7518", "C7510", "serialized", "setmaxnreg", "arning")
+    for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, bad_log):
+        _assert_register_split(f, fmt, d, ahead="NO_PRODUCER_AHEAD" not in options)
         hg = re.findall(r"HGMMA\.(64x\d+x16)\.F32[^;]*;", f)
         pv = [h for h in re.findall(r"HGMMA\.64x\d+x16\.F32[^;]*;", f) if ".tnspB" in h]
         # P·V (B = V transposed, n = d) + S (n = 64 tokens) in the P·V + S and the P·V-only
@@ -194,24 +209,10 @@ def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
     pass (the loop unrolled by two) and issues the raw loads of two tiles before its first wait
     (tiles 0 and 1 leave together). -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (the old producer, for A/B):
     56 / 72 and the raw loads of one tile only before the first wait."""
-    from kvlab.cuda import attention  # noqa: F401
-
     ahead = "NO_PRODUCER_AHEAD" not in options
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", options)
-    exprs = [s.name_expression() for s in loader.FAMILIES["paged_prefill_wgmma"]]
-    log, sass = _wgmma_sass(exprs)
-    for bad in ("C7518", "C7510", "C7515", "serialized", "setmaxnreg", "arning"):
-        assert bad not in log, log
-    if sass is None:
-        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
-    funcs = re.split(r"\n\s*\.text\.", sass)[1:]
-    assert len(funcs) == len(exprs)
-    for f in funcs:
-        m = re.match(r"_Z\d+paged_attention_prefill_wgmmaILi(\d)ELi(\d+)E", f)
-        fmt, d = int(m.group(1)), int(m.group(2))
-        prod = _wgmma_producer_regs(fmt, d, ahead)
-        assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
-        assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
+    bad_log = ("C7518", "C7510", "C7515", "serialized", "setmaxnreg", "arning")
+    for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, bad_log):
+        _assert_register_split(f, fmt, d, ahead)
         if fmt == 0:
             continue
         producer = f[f.index("USETMAXREG.DEALLOC"):]  # the producer's code follows the consumers'
