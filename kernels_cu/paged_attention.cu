@@ -220,6 +220,128 @@ __device__ __forceinline__ void stage_query_column(
   }
 }
 
+// All NCOL query columns of one warp together (the paged kernel's prologue; the per-column
+// stage_query_column above is the same computation one column at a time, 32 lanes per column):
+// LPC lanes per column (4 for D <= 128; 8 for D = 256, in two passes of four columns), each
+// lane holding E = D / LPC consecutive elements. The loads are 16-byte vectors, and the
+// rotation, the maximum and the sums reduce over log2(LPC) shuffle levels instead of five, with
+// every column of a pass in flight at once, so the prologue is one dependent chain instead of
+// NCOL (docs/perf-notes.md, "Session 11"). Writes per column n what stage_query_column writes:
+// qrow n of q_sm ([NCOL][D] 16-bit), qsum[n], qoff[n], cscale[n], qpos[n]. For int4 the values
+// are bit-identical to it (the butterflies run in the same order, the sums are integers); for
+// the other formats qsum and qoff are float sums in another order (they agree to rounding).
+template <int FMT, int D, typename T>
+__device__ __forceinline__ void stage_query_columns(
+    const T* __restrict__ q, int tok0, int hpc, int tpc, int qs, int Lq, int L, int num_q_heads,
+    int qhead0, float scale_log2, int lane, uint16_t* q_sm, float* qsum, float* qoff,
+    float* cscale, int* qpos) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
+  constexpr int LPC = D <= 128 ? 4 : 8;     // lanes per column
+  constexpr int CPP = 32 / LPC;             // columns per pass
+  constexpr int E = D / LPC;                // elements per lane: 16 or 32
+  constexpr int PER16 = 16 / static_cast<int>(sizeof(T));   // elements per 16-byte load
+  static_assert(NCOL % CPP == 0 && E % PER16 == 0, "whole passes, whole 16-byte loads");
+  const int l = lane % LPC;
+  // 16-byte loads need a 16-byte aligned q (every row then is: D·sizeof(T) is a multiple of 16)
+  const bool vec = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
+#pragma unroll 1
+  for (int pass = 0; pass < NCOL / CPP; ++pass) {
+    const int n = pass * CPP + lane / LPC;
+    const int tok = tok0 + n / hpc;
+    const bool valid = (n < tpc * hpc) && (tok < Lq);
+    const int qhead = qhead0 + n % hpc;
+    float x[E];
+    if (valid) {
+      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + l * E;
+      if (vec) {
+        uint4 w[E / PER16];
+#pragma unroll
+        for (int v = 0; v < E / PER16; ++v) w[v] = __ldg(reinterpret_cast<const uint4*>(qr) + v);
+#pragma unroll
+        for (int v = 0; v < E / PER16; ++v) {
+          const T* e = reinterpret_cast<const T*>(&w[v]);
+#pragma unroll
+          for (int j = 0; j < PER16; ++j) x[v * PER16 + j] = to_float(e[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < E; ++j) x[j] = 0.f;
+    }
+    if constexpr (FMT == INT4) rht_group<E, LPC>(x, l);
+    float amax = 0.f;
+#pragma unroll
+    for (int j = 0; j < E; ++j) amax = fmaxf(amax, fabsf(x[j]));
+    amax = group_max<LPC>(amax);
+    uint16_t* qrow = q_sm + n * D + l * E;
+    uint32_t packed[E / 2];
+    if constexpr (ImmaQK<FMT>::value) {
+      // as stage_query_column's integer path (q̂ = RN(q / δ) as limbs), reduced over the group
+      int bad = 0;
+#pragma unroll
+      for (int j = 0; j < E; ++j) bad |= !(fabsf(x[j]) <= 3.402823466e38f);
+#pragma unroll
+      for (int o = LPC / 2; o > 0; o >>= 1) bad |= __shfl_xor_sync(0xffffffffu, bad, o);
+      const float inv = amax > 0.f ? 1.f / amax : 0.f;
+      int si = 0;
+#pragma unroll
+      for (int j = 0; j < E; j += 2) {
+        uint32_t h2 = 0;
+#pragma unroll
+        for (int k = 0; k < 2; ++k) {
+          const int qi = bad ? 0 : __float2int_rn(x[j + k] * inv * Q_FIX);
+          const int hi = (qi + 128) >> 8;
+          h2 |= static_cast<uint32_t>(static_cast<uint16_t>((hi << 8) | ((qi - (hi << 8)) & 0xFF))) << (16 * k);
+          si += qi;
+        }
+        packed[j / 2] = h2;
+      }
+#pragma unroll
+      for (int o = LPC / 2; o > 0; o >>= 1) si += __shfl_xor_sync(0xffffffffu, si, o);
+      if (l == 0) {
+        qsum[n] = __int_as_float(si);
+        qoff[n] = 0.f;
+        cscale[n] = bad ? __uint_as_float(0x7fc00000u) : scale_log2 * (amax / Q_FIX);
+        qpos[n] = valid ? (L - Lq + tok) : -1;
+      }
+    } else {
+      // the prescale of query_vector_prescale: 2^-e so that |q| < 2^15 (fp16 operands; exact)
+      float pre = 1.f;
+      if constexpr (FMT != AUTO) {
+        const int ex = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;
+        pre = ex > 14 ? __uint_as_float(static_cast<uint32_t>(127 - (ex - 14)) << 23) : 1.f;
+      }
+      float s = 0.f, so = 0.f;
+#pragma unroll
+      for (int j = 0; j < E; j += 2) {
+        const uint16_t b0 = bits16<CTQ>(x[j] * pre), b1 = bits16<CTQ>(x[j + 1] * pre);
+        packed[j / 2] = static_cast<uint32_t>(b0) | (static_cast<uint32_t>(b1) << 16);
+        const float v0 = from_bits16<CTQ>(b0), v1 = from_bits16<CTQ>(b1);
+        s += v0;
+        so += v0 * qk_offset<FMT>(l * E + j);
+        s += v1;
+        so += v1 * qk_offset<FMT>(l * E + j + 1);
+      }
+      s = group_sum<LPC>(s);
+      so = group_sum<LPC>(so);
+      if (l == 0) {
+        qsum[n] = s;
+        qoff[n] = so;
+        cscale[n] = scale_log2 / pre;
+        qpos[n] = valid ? (L - Lq + tok) : -1;
+      }
+    }
+    // qrow is 16-byte aligned: q_sm is, and n·D, l·E are multiples of 8 elements
+#pragma unroll
+    for (int v = 0; v < E / 8; ++v)
+      reinterpret_cast<uint4*>(qrow)[v] =
+          make_uint4(packed[4 * v], packed[4 * v + 1], packed[4 * v + 2], packed[4 * v + 3]);
+  }
+}
+
 // KV range of a CTA: its split [kv_lo, kv_hi) cut to what the columns can see (query KV
 // positions qpos[n], -1 for a padding column): below the last query position + 1 and, with a
 // window, from the first query's window start. Returns the number of 16-token tiles from
@@ -1129,11 +1251,12 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most
 // at five points — start, after the prologue's barrier, stage 0's data in, after the last
 // stage's math, after the epilogue (behind one extra __syncthreads) — plus its SM and stage
 // count, and clock64 at four points inside the prologue (after the early copies, after the
-// query staging, after the Q operand, before the barrier), to
-// kvlab_decode_timeline[blockIdx.x · 16 + …]. Outputs stay correct; the default build has none
+// query staging, after the Q operand, before the barrier) — and, in the serial-columns build
+// (-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS), at the start of each query column (words 16 … 23) —
+// to kvlab_decode_timeline[blockIdx.x · 24 + …]. Outputs stay correct; the default build has none
 // of it.
 #ifdef KVLAB_DECODE_TIMELINE
-constexpr int TL_MAX_CTAS = 8192, TL_WORDS = 16;
+constexpr int TL_MAX_CTAS = 8192, TL_WORDS = 24;
 __device__ unsigned long long kvlab_decode_timeline[TL_MAX_CTAS * TL_WORDS];
 __device__ __forceinline__ void tl_mark(int k) {
   if (threadIdx.x == 0 && blockIdx.x < TL_MAX_CTAS) {
@@ -1151,7 +1274,7 @@ __device__ __forceinline__ void tl_info(int nst) {
     kvlab_decode_timeline[blockIdx.x * TL_WORDS + 11] = static_cast<unsigned long long>(nst);
   }
 }
-// clock64 only, word k (12 … 15): the prologue's parts (thread 0)
+// clock64 only, word k (12 … 23): the prologue's parts (thread 0)
 __device__ __forceinline__ void tl_clock(int k) {
   if (threadIdx.x == 0 && blockIdx.x < TL_MAX_CTAS)
     kvlab_decode_timeline[blockIdx.x * TL_WORDS + k] = static_cast<unsigned long long>(clock64());
@@ -1285,10 +1408,20 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #endif
   KVLAB_TL_CLOCK(12);
   uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm + q_off) + static_cast<size_t>(warp) * NCOL * D;
-  for (int n = 0; n < NCOL; ++n)
+#ifdef KVLAB_DECODE_SERIAL_QUERY_COLUMNS
+  // the session-10 prologue: one column after the other, 32 lanes each (the timeline build
+  // marks the start of each column: words 16 … 23)
+  for (int n = 0; n < NCOL; ++n) {
+    KVLAB_TL_CLOCK(16 + n);
     stage_query_column<FMT, D, T>(q, n, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
                                   scale_log2, lane, q_sm + n * D, &qsum_sm[warp][n],
                                   &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
+  }
+#else
+  stage_query_columns<FMT, D, T>(q, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
+                                 scale_log2, lane, q_sm, qsum_sm[warp], qoff_sm[warp],
+                                 cscale_sm[warp], qpos_sm[warp]);
+#endif
   KVLAB_TL_CLOCK(13);
   __syncwarp();
   // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel

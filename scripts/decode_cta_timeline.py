@@ -8,7 +8,9 @@ The measurement-only build ``-DKVLAB_DECODE_TIMELINE`` (kernels_cu/paged_attenti
 thread 0 of every CTA of ``paged_attention_decode_paged`` record %globaltimer and clock64 at five
 points: start (e0), after the prologue's barrier (e1), stage 0's data in (e2), after the last
 stage's math (e3), after the epilogue (e4); plus its SM and stage count, and clock64 at four
-points inside the prologue (its parts are printed in cycles). Each case (as
+points inside the prologue (its parts are printed in cycles; with
+-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS also at the start of each query column: column 0's cycles
+and the median of the others). Each case (as
 scripts/profile_decode.py: FORMAT:B:CTX:VARIANT, 32/8 heads, d = 128, block 16, shuffled blocks)
 runs warm, then ``--repeats`` times with L2 flushed before each run; the table gives, per case,
 the medians over repeats of: the launch skew (last CTA start − first), the phases per CTA (median
@@ -30,7 +32,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-TL_MAX_CTAS, TL_WORDS = 8192, 16   # as in paged_attention.cu
+TL_MAX_CTAS, TL_WORDS = 8192, 24   # as in paged_attention.cu
 
 
 def main() -> int:
@@ -116,6 +118,11 @@ def main() -> int:
                 pro_qop_cyc=float(np.median(a[:, 14] - a[:, 13])),
                 pro_rest_cyc=float(np.median(a[:, 15] - a[:, 14])),
                 pro_barrier_cyc=float(np.median(cyc[:, 1] - a[:, 15])),
+                # serial-columns build only (words 16 … 23: the start of each query column):
+                # column 0, and the median of columns 1 … 7 (0 when the build has no such marks)
+                pro_col0_cyc=float(np.median(a[:, 17] - a[:, 16])) if np.all(a[:, 16:24] > 0) else 0.0,
+                pro_col1_7_cyc=float(np.median(np.diff(np.concatenate([a[:, 17:24], a[:, 13:14]], axis=1),
+                                                       axis=1))) if np.all(a[:, 16:24] > 0) else 0.0,
                 stages_med=float(np.median(nst)), ctas=n, sms=int(len(np.unique(a[:, 10]))),
             ))
             raw.setdefault(case, []).append(a.tolist())
@@ -132,7 +139,8 @@ def main() -> int:
             ("epilogue_med_us", "epilogue"), ("tail_us", "tail"),
             ("pro_issue_cyc", "pro: copies cyc"), ("pro_stage_cyc", "pro: q staging cyc"),
             ("pro_qop_cyc", "pro: Q operand cyc"), ("pro_rest_cyc", "pro: rest cyc"),
-            ("pro_barrier_cyc", "pro: barrier cyc")]
+            ("pro_barrier_cyc", "pro: barrier cyc"), ("pro_col0_cyc", "pro: column 0 cyc"),
+            ("pro_col1_7_cyc", "pro: columns 1-7 cyc each")]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(str(r[k]) if isinstance(r[k], str) else

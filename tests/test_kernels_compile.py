@@ -324,7 +324,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
-                                  "-DKVLAB_DECODE_NO_EARLY_ISSUE"])
+                                  "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
@@ -332,7 +332,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     session 8, docs/perf-notes.md "Session 9 candidate: -DKVLAB_DECODE_STAGE", and the nvfp4 one
     since session 9), with -DKVLAB_DECODE_NO_STAGE (session 7's per-chunk body), with
     -DKVLAB_DECODE_NO_STAGE_NVFP4 (nvfp4 on the per-chunk body) and with
-    -DKVLAB_DECODE_NO_EARLY_ISSUE (the paged ring's first copies after the prologue); the int4 and nvfp4
+    -DKVLAB_DECODE_NO_EARLY_ISSUE (the paged ring's first copies after the prologue) and with
+    -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS (session 10's one-column-at-a-time query prologue); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
@@ -358,7 +359,8 @@ def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
 
 
 @pytest.mark.parametrize("opts, ok", [("-DKVLAB_DECODE_PROBE=1", True), ("-DKVLAB_DECODE_PROBE=2", True),
-                                      ("-DKVLAB_DECODE_PROBE=3", False), ("-DKVLAB_DECODE_TIMELINE", True)])
+                                      ("-DKVLAB_DECODE_PROBE=3", False), ("-DKVLAB_DECODE_TIMELINE", True),
+                                      ("-DKVLAB_DECODE_TIMELINE -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS", True)])
 def test_decode_probe_builds(opts, ok, monkeypatch):
     """The paged decode's measurement-only builds (docs/perf-notes.md "Session 10": the probes =1
     data only, =2 math only, and the per-CTA timeline of scripts/decode_cta_timeline.py) compile,

@@ -327,6 +327,37 @@ def test_fp16_cupy(rng, fmt, variant):
     check_close(out, run_ref(case), "float16", f"{fmt} fp16")
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("shape", [(2, 4, 128, 16), (3, 3, 64, 32), (1, 8, 256, 16)],
+                         ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
+def test_decode_unaligned_q(rng, fmt, shape, variant):
+    """A q (and out) whose base is 2 bytes past a 16-byte boundary: the paged decode's prologue
+    reads q rows as 16-byte vectors when the base allows it (session 11, stage_query_columns) and
+    must take its element-wise path here; the output must match the aligned reference and nothing
+    outside the output view may be written."""
+    torch = _torch()
+    from kvlab.cuda.attention import plan_paged_attention
+
+    hkv, group, d, bs = shape
+    q_lens, kv_lens = [1, 1, 1, 3], [1, 45, 700, 300]
+    case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
+    dev = {k: to_device(case[k], "torch") for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    n = dev["q"].numel()
+    qbuf = torch.empty(n + 8, dtype=dev["q"].dtype, device=dev["q"].device)
+    obuf = torch.full((n + 8,), float("nan"), dtype=dev["q"].dtype, device=dev["q"].device)
+    q = qbuf[1:1 + n].view(dev["q"].shape)
+    out = obuf[1:1 + n].view(dev["q"].shape)
+    q.copy_(dev["q"])
+    assert q.data_ptr() % 16 == 2 and out.data_ptr() % 16 == 2
+    args = (q, dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"])
+    plan = plan_paged_attention(*args, case["kv_cache_dtype"], None, case["k_scale"], case["v_scale"],
+                                prefill_kernel=False, decode_variant=variant)
+    assert plan.decode_variant == variant, plan.decode_variant_note
+    plan.run(*args, out=out)
+    assert torch.isnan(obuf[0]) and torch.isnan(obuf[1 + n:]).all(), "wrote outside the output view"
+    check_close(to_host(out).astype(np.float64), run_ref(case), "bfloat16", f"{fmt} unaligned q {variant}")
+
+
 def test_nvfp4_swizzle_and_global_scale(rng, variant):
     fmt = get_format("nvfp4", swizzle_v_scales=True)
     q_lens, kv_lens = _mixed_lengths(rng, 4, 600)
