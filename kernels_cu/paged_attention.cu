@@ -222,54 +222,93 @@ __device__ __forceinline__ void stage_query_column(
 
 // All NCOL query columns of one warp together (the paged kernel's prologue; the per-column
 // stage_query_column above is the same computation one column at a time, 32 lanes per column):
-// LPC lanes per column (4 for D <= 128; 8 for D = 256, in two passes of four columns), each
-// lane holding E = D / LPC consecutive elements. The loads are 16-byte vectors, and the
+// QCols::LPC lanes per column (4 for D <= 128; 8 for D = 256, in two passes of four columns),
+// each lane holding E = D / LPC consecutive elements. The loads are 16-byte vectors, and the
 // rotation, the maximum and the sums reduce over log2(LPC) shuffle levels instead of five, with
 // every column of a pass in flight at once, so the prologue is one dependent chain instead of
-// NCOL (docs/perf-notes.md, "Session 11"). Writes per column n what stage_query_column writes:
-// qrow n of q_sm ([NCOL][D] 16-bit), qsum[n], qoff[n], cscale[n], qpos[n]. For int4 the values
-// are bit-identical to it (the butterflies run in the same order, the sums are integers); for
-// the other formats qsum and qoff are float sums in another order (they agree to rounding).
+// NCOL (docs/perf-notes.md, "Session 11").
+template <int D, typename T>
+struct QCols {
+  static constexpr int LPC = D <= 128 ? 4 : 8;     // lanes per column
+  static constexpr int CPP = 32 / LPC;             // columns per pass
+  static constexpr int PASSES = NCOL / CPP;
+  static constexpr int E = D / LPC;                // elements per lane: 16 or 32
+  static constexpr int NV = E * static_cast<int>(sizeof(T)) / 16;   // 16-byte words per lane
+  static_assert(NCOL % CPP == 0 && (E * sizeof(T)) % 16 == 0, "whole passes, whole 16-byte words");
+  static_assert(sizeof(T) == 2, "16-bit queries");
+};
+
+// The raw query elements of this lane for pass `pass` (QCols::E 16-bit values in NV words;
+// zeros for a padding column). 16-byte loads when q is 16-byte aligned (every row then is:
+// D·2 bytes is a multiple of 16), element loads otherwise. Issued apart from the math so that
+// the paged kernel can put them ahead of its first bulk copies (the q rows then do not queue
+// behind the ring's first stages at the DRAM).
+template <int D, typename T>
+__device__ __forceinline__ void load_query_columns(const T* __restrict__ q, int pass, int tok0,
+                                                   int hpc, int tpc, int qs, int Lq,
+                                                   int num_q_heads, int qhead0, int lane,
+                                                   uint4 (&w)[QCols<D, T>::NV]) {
+  using QC = QCols<D, T>;
+  const int l = lane % QC::LPC;
+  const int n = pass * QC::CPP + lane / QC::LPC;
+  const int tok = tok0 + n / hpc;
+  const bool valid = (n < tpc * hpc) && (tok < Lq);
+  const int qhead = qhead0 + n % hpc;
+  if (!valid) {
+#pragma unroll
+    for (int v = 0; v < QC::NV; ++v) w[v] = make_uint4(0u, 0u, 0u, 0u);
+    return;
+  }
+  const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + l * QC::E;
+  if ((reinterpret_cast<uintptr_t>(q) & 15u) == 0) {
+#pragma unroll
+    for (int v = 0; v < QC::NV; ++v) w[v] = __ldg(reinterpret_cast<const uint4*>(qr) + v);
+  } else {
+    const uint16_t* qh = reinterpret_cast<const uint16_t*>(qr);
+#pragma unroll
+    for (int v = 0; v < QC::NV; ++v) {
+      uint32_t u[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k)
+        u[k] = static_cast<uint32_t>(__ldg(qh + 8 * v + 2 * k)) |
+               (static_cast<uint32_t>(__ldg(qh + 8 * v + 2 * k + 1)) << 16);
+      w[v] = make_uint4(u[0], u[1], u[2], u[3]);
+    }
+  }
+}
+
+// Stage all NCOL columns from the raw words of pass 0 (w0, load_query_columns; the later passes
+// load their own). Writes per column n what stage_query_column writes: row n of q_sm ([NCOL][D]
+// 16-bit), qsum[n], qoff[n], cscale[n], qpos[n]. For int4 the values are bit-identical to it
+// (the butterflies run in the same order, the sums are integers); for the other formats qsum
+// and qoff are float sums in another order (they agree to rounding).
 template <int FMT, int D, typename T>
 __device__ __forceinline__ void stage_query_columns(
-    const T* __restrict__ q, int tok0, int hpc, int tpc, int qs, int Lq, int L, int num_q_heads,
-    int qhead0, float scale_log2, int lane, uint16_t* q_sm, float* qsum, float* qoff,
-    float* cscale, int* qpos) {
+    const T* __restrict__ q, const uint4 (&w0)[QCols<D, T>::NV], int tok0, int hpc, int tpc,
+    int qs, int Lq, int L, int num_q_heads, int qhead0, float scale_log2, int lane,
+    uint16_t* q_sm, float* qsum, float* qoff, float* cscale, int* qpos) {
   using CTQ = typename Traits<FMT, D, T>::CT_QK;
-  constexpr int LPC = D <= 128 ? 4 : 8;     // lanes per column
-  constexpr int CPP = 32 / LPC;             // columns per pass
-  constexpr int E = D / LPC;                // elements per lane: 16 or 32
-  constexpr int PER16 = 16 / static_cast<int>(sizeof(T));   // elements per 16-byte load
-  static_assert(NCOL % CPP == 0 && E % PER16 == 0, "whole passes, whole 16-byte loads");
+  using QC = QCols<D, T>;
+  constexpr int LPC = QC::LPC, E = QC::E, NV = QC::NV;
   const int l = lane % LPC;
-  // 16-byte loads need a 16-byte aligned q (every row then is: D·sizeof(T) is a multiple of 16)
-  const bool vec = (reinterpret_cast<uintptr_t>(q) & 15u) == 0;
 #pragma unroll 1
-  for (int pass = 0; pass < NCOL / CPP; ++pass) {
-    const int n = pass * CPP + lane / LPC;
+  for (int pass = 0; pass < QC::PASSES; ++pass) {
+    const int n = pass * QC::CPP + lane / LPC;
     const int tok = tok0 + n / hpc;
     const bool valid = (n < tpc * hpc) && (tok < Lq);
-    const int qhead = qhead0 + n % hpc;
-    float x[E];
-    if (valid) {
-      const T* qr = q + (static_cast<size_t>(qs + tok) * num_q_heads + qhead) * D + l * E;
-      if (vec) {
-        uint4 w[E / PER16];
+    uint4 w[NV];
+    if (pass == 0) {
 #pragma unroll
-        for (int v = 0; v < E / PER16; ++v) w[v] = __ldg(reinterpret_cast<const uint4*>(qr) + v);
-#pragma unroll
-        for (int v = 0; v < E / PER16; ++v) {
-          const T* e = reinterpret_cast<const T*>(&w[v]);
-#pragma unroll
-          for (int j = 0; j < PER16; ++j) x[v * PER16 + j] = to_float(e[j]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < E; ++j) x[j] = to_float(qr[j]);
-      }
+      for (int v = 0; v < NV; ++v) w[v] = w0[v];
     } else {
+      load_query_columns<D, T>(q, pass, tok0, hpc, tpc, qs, Lq, num_q_heads, qhead0, lane, w);
+    }
+    float x[E];
 #pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = 0.f;
+    for (int v = 0; v < NV; ++v) {
+      const T* e = reinterpret_cast<const T*>(&w[v]);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) x[8 * v + j] = to_float(e[j]);
     }
     if constexpr (FMT == INT4) rht_group<E, LPC>(x, l);
     float amax = 0.f;
@@ -1340,6 +1379,14 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int L = seq_lens[seq];
   const int BS = 1 << bs_log2;
 
+#ifndef KVLAB_DECODE_SERIAL_QUERY_COLUMNS
+  // this warp's query rows of the first pass, loaded before anything else (see
+  // load_query_columns); -DKVLAB_DECODE_LATE_QUERY_LOADS loads them after the first copies
+  uint4 qw0[QCols<D, T>::NV];
+#ifndef KVLAB_DECODE_LATE_QUERY_LOADS
+  load_query_columns<D, T>(q, 0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, qw0);
+#endif
+#endif
   if (tid == 0) {
     for (int b = 0; b < nbuf; ++b) {
       mbar_init(&full_bar[b], 1);
@@ -1418,7 +1465,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                                   &qoff_sm[warp][n], &cscale_sm[warp][n], &qpos_sm[warp][n]);
   }
 #else
-  stage_query_columns<FMT, D, T>(q, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
+#ifdef KVLAB_DECODE_LATE_QUERY_LOADS
+  load_query_columns<D, T>(q, 0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, qw0);
+#endif
+  stage_query_columns<FMT, D, T>(q, qw0, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
                                  scale_log2, lane, q_sm, qsum_sm[warp], qoff_sm[warp],
                                  cscale_sm[warp], qpos_sm[warp]);
 #endif
