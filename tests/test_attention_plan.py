@@ -205,3 +205,67 @@ def test_reduce_split_choice(monkeypatch):
     monkeypatch.setenv("KVLAB_DECODE_MERGE_SPLIT", "yes")
     with pytest.raises(ValueError, match="KVLAB_DECODE_MERGE_SPLIT: expected 0 or 1"):
         reduce_split(1, 8, 132)
+
+
+def _check_same_work(before, after):
+    """Every split group keeps its parts and its whole range, cut into contiguous pieces."""
+    assert sorted(map(tuple, before[:, [0, 1, 4]])) == sorted(map(tuple, after[:, [0, 1, 4]]))
+    for seq, tok0 in {(int(s), int(t)) for s, t in before[:, :2]}:
+        b = before[(before[:, 0] == seq) & (before[:, 1] == tok0)]
+        a = after[(after[:, 0] == seq) & (after[:, 1] == tok0)]
+        a = a[np.argsort(a[:, 2])]
+        assert a[0, 2] == b[:, 2].min() and a[-1, 3] == b[:, 3].max()
+        assert np.all(a[1:, 2] == a[:-1, 3]) and np.all(a[:, 3] > a[:, 2]) and np.all(a[:, 2] % 16 == 0)
+
+
+@pytest.mark.parametrize("seq_lens, weight", [([8192] * 32, 1.2), ([131072], 1.3), ([5000, 300, 9000] * 3, 1.15),
+                                              ([700] * 40, 1.5),
+                                              ([20000, 100, 3000, 64, 9000, 16, 40000, 30000, 50, 12000], 1.2)])
+def test_wave_weighted_splits(seq_lens, weight):
+    """The paged decode's first-wave parts (the first n_sm of the launch order) get ``weight``
+    times the tiles of the others of their group, and every group keeps its range and its parts."""
+    from kvlab.cuda.attention import PG_MIN_SPLIT_TOKENS, _wave_weighted, _work_list
+
+    n_sm, cap = 132, 264
+    sl = np.asarray(seq_lens)
+    qsl = np.arange(len(sl) + 1)
+    items, _, _ = _work_list(qsl, sl, 2, 0, 1, cap, None, PG_MIN_SPLIT_TOKENS)
+    assert n_sm < len(items) <= cap
+    out = _wave_weighted(items, n_sm, cap, weight)
+    assert out.dtype == np.int32 and out.shape == items.shape
+    _check_same_work(items, out)
+    size = out[:, 3] - out[:, 2]
+    multi = out[:, 4] >= 0
+    assert np.all(multi[:n_sm])
+    # within each group with parts in both waves, a first-wave part is ~weight x a later one
+    ratios = []
+    for seq, tok0 in {(int(s), int(t)) for s, t in out[multi][:, :2]}:
+        g = (out[:, 0] == seq) & (out[:, 1] == tok0)
+        first, later = size[:n_sm][g[:n_sm]], size[n_sm:][g[n_sm:] & multi[n_sm:]]
+        if len(first) and len(later) > 1:
+            ratios.append(np.median(first) / np.median(later[:-1] if len(later) > 2 else later))
+    assert ratios and abs(np.median(ratios) - weight) < 0.1 * weight, ratios[:5]
+
+
+def test_wave_weighting_applies_to_one_wave_only(monkeypatch):
+    """Unchanged for weight 1, for grids of at most n_sm CTAs or more than one wave; the weight
+    comes from KVLAB_DECODE_WAVE_WEIGHT (a number in [1, 2]) or the module default."""
+    from kvlab.cuda import attention as A
+
+    qsl, sl = np.arange(33), np.full(32, 8192)
+    items, _, _ = A._work_list(qsl, sl, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
+    assert A._wave_weighted(items, 132, 264, 1.0) is items
+    assert A._wave_weighted(items, 132, 200, 1.3) is items            # more than one wave
+    assert A._wave_weighted(items, 300, 600, 1.3) is items            # fewer CTAs than SMs
+    assert A._wave_weighted(items, 132, 132, 1.3) is items            # one CTA per SM
+    short = np.r_[np.full(150, 100), np.full(4, 8192)]                   # 150 unsplit, 20 parts
+    it2, _, _ = A._work_list(np.arange(155), short, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
+    assert 132 < len(it2) <= 264 and A._wave_weighted(it2, 132, 264, 1.3) is it2   # < n_sm parts
+    monkeypatch.delenv("KVLAB_DECODE_WAVE_WEIGHT", raising=False)
+    assert A._wave_weight() == A.PG_WAVE_WEIGHT
+    monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", "1.25")
+    assert A._wave_weight() == 1.25
+    for bad in ("0.9", "3", "heavy", "nan"):
+        monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", bad)
+        with pytest.raises(ValueError, match="KVLAB_DECODE_WAVE_WEIGHT"):
+            A._wave_weight()

@@ -90,6 +90,10 @@ PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_atte
 PG_BIG_STAGE = 32 * 1024    # stages this big (all formats at d = 128 with 8 KV heads) …
 PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffers)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
+#: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
+#: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
+#: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
+PG_WAVE_WEIGHT = 1.0
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
 PF_WARPS = 8                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
@@ -548,6 +552,71 @@ def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None, min_split_to
     return items, red, part
 
 
+def _wave_weight() -> float:
+    """First-wave weight of the paged decode's splits: ``KVLAB_DECODE_WAVE_WEIGHT`` or PG_WAVE_WEIGHT."""
+    env = os.environ.get("KVLAB_DECODE_WAVE_WEIGHT", "").strip()
+    if not env:
+        return PG_WAVE_WEIGHT
+    try:
+        w = float(env)
+    except ValueError:
+        w = float("nan")
+    if not 1.0 <= w <= 2.0:
+        raise ValueError(f"KVLAB_DECODE_WAVE_WEIGHT: a number in [1, 2], got {env!r}")
+    return w
+
+
+def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -> np.ndarray:
+    """Re-split and re-order the paged decode's work list for a grid of one wave of two CTAs per SM.
+
+    The block scheduler places CTAs 0 … n_sm-1 one per SM and the rest as each SM's second CTA;
+    on the H200 the first runs faster than its partner (its warps are older, so the schedulers
+    favour them) and finishes ~11 µs earlier, after which the SM streams with half its warps
+    (docs/perf-notes.md "Session 11"). So: ``n_sm`` of the split parts, spread over the split
+    groups in proportion to their part counts, get ``weight`` times the 16-token tiles of the
+    others of their group and go first in launch order. Each group keeps its parts, its range
+    [lo16, hi) and its part ids (the merge slots), only the cut points move; unsplit items (part
+    -1) go last. Returns ``items`` unchanged when the grid is not one such wave, when there is
+    nothing to weigh, or when ``weight`` is 1.
+    """
+    n = len(items)
+    if weight == 1.0 or not (n_sm < n <= capacity and capacity >= 2 * n_sm):
+        return items
+    multi = items[:, 4] >= 0
+    if multi.sum() < n_sm:
+        return items
+    m = items[multi]
+    # split groups: consecutive rows of one (seq, tok0) with consecutive part ids (_work_list)
+    starts = np.nonzero(np.r_[True, (m[1:, 0] != m[:-1, 0]) | (m[1:, 1] != m[:-1, 1])
+                              | (m[1:, 4] != m[:-1, 4] + 1)])[0]
+    sizes = np.diff(np.r_[starts, len(m)])
+    # heavy parts per group: largest remainders of sizes · n_sm / total, at most sizes - 0
+    quota = sizes * (n_sm / sizes.sum())
+    heavy = np.floor(quota).astype(np.int64)
+    rest = n_sm - int(heavy.sum())
+    if rest > 0:
+        order = np.argsort(-(quota - heavy), kind="stable")
+        heavy[order[:rest]] += 1
+    first, second = [], []
+    for g0, ng, nh in zip(starts, sizes, heavy):
+        rows = m[g0:g0 + ng]
+        lo16, hi = int(rows[0, 2]), int(rows[-1, 3])
+        tiles = -(-(hi - lo16) // 16)
+        w = np.r_[np.full(nh, weight), np.ones(ng - nh)]
+        # cumulative tiles at each part's end: strictly increasing (>= 1 tile a part), the last = tiles
+        k = np.arange(ng)
+        c = np.rint(np.cumsum(w) / w.sum() * tiles).astype(np.int64) - k
+        cut = np.maximum.accumulate(np.clip(c, 1, tiles - ng + 1)) + k
+        lo = lo16 + 16 * np.r_[0, cut[:-1]]
+        hi_k = np.minimum(lo16 + 16 * cut, hi)
+        new = rows.copy()
+        new[:, 2], new[:, 3] = lo, hi_k
+        first.append(new[:nh])
+        second.append(new[nh:])
+    out = np.concatenate(first + second + [items[~multi]])
+    return np.ascontiguousarray(out.astype(np.int32))
+
+
 def _prefill_list(qlen, seqs, tokens_per_cta):
     """Prefill CTAs (seq, tok0), the ones with the most keys (last query tokens) first."""
     if len(seqs) == 0:
@@ -647,6 +716,8 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
     items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
                                      min_split)
+    if variant == "paged" and num_splits is None:
+        items = _wave_weighted(items, _device_props(dev)[0], capacity, _wave_weight())
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)

@@ -358,6 +358,28 @@ def test_decode_unaligned_q(rng, fmt, shape, variant):
     check_close(to_host(out).astype(np.float64), run_ref(case), "bfloat16", f"{fmt} unaligned q {variant}")
 
 
+@pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head"])
+def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
+    """A one-wave paged decode grid with first-wave splits 1.5x longer (KVLAB_DECODE_WAVE_WEIGHT,
+    kvlab.cuda.attention._wave_weighted): the plan must really re-cut the splits (checked on
+    the plan's work list) and the output must still match the float64 reference."""
+    import cupy
+
+    from kvlab.cuda.attention import _device_props, plan_paged_attention
+
+    monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", "1.5")
+    kv_lens = [int(x) for x in rng.integers(3900, 4200, size=8)]
+    case = build_case(rng, fmt, 8, 4, 128, 16, [1] * 8, kv_lens)
+    out, plan = run_gpu(case, variant="paged")
+    n_sm = _device_props(plan.device_id)[0]
+    items = cupy.asnumpy(plan.items)
+    if not n_sm < len(items) <= 2 * n_sm:
+        pytest.skip(f"{len(items)} CTAs on {n_sm} SMs: not a one-wave grid of two CTAs per SM here")
+    size = items[:, 3] - items[:, 2]
+    assert np.median(size[:n_sm]) >= 1.3 * np.median(size[n_sm:]), (np.median(size[:n_sm]), np.median(size[n_sm:]))
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} wave-weighted")
+
+
 def test_nvfp4_swizzle_and_global_scale(rng, variant):
     fmt = get_format("nvfp4", swizzle_v_scales=True)
     q_lens, kv_lens = _mixed_lengths(rng, 4, 600)
