@@ -123,6 +123,8 @@ def run(quick: bool, progress) -> list[dict]:
                     g_k = gbps(nbytes, r["median_ms"])
                     grid_s = (f"{plan.n_items} CTAs of {plan.ny} warps" if plan.decode_variant == "paged"
                               else f"{plan.n_items}x{plan.ny} CTAs")
+                    if plan.wave_weight != 1.0:
+                        grid_s += f" (first wave x{plan.wave_weight:g})"
                     notes = (f"{plan.decode_variant}: {grid_s}, {plan.n_red} reductions; "
                              f"byte floor {row_bytes / (2 * d):.3f}x bf16")
                     if plan.decode_variant_note:

@@ -27,7 +27,8 @@ plan/run:
     chunks of K and V (all KV heads, contiguous) into a ring of ``nbuf`` shared-memory stages
     with Hopper bulk copies (TMA, mbarrier-completed), the warps decode from there with the
     per-head kernel's tile math (the first stages are copied before the query prologue; two
-    stages when a stage is ≥ 32 KB, ``KVLAB_DECODE_PAGED_NBUF`` caps them). It applies on
+    stages when a stage is ≥ 32 KB, ``KVLAB_DECODE_PAGED_NBUF`` caps them; in a grid of one
+    wave of two CTAs per SM the first-wave splits are longer, ``_wave_weighted``). It applies on
     sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
     at least two stages fit the device's shared memory; otherwise the plan falls back to
     ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
@@ -93,7 +94,7 @@ PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
-PG_WAVE_WEIGHT = 1.0
+PG_WAVE_WEIGHT = 1.2
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
 PF_WARPS = 8                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
@@ -399,6 +400,7 @@ class AttentionPlan:
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
     paged_nbuf: int = 0                            # its stage buffers
+    wave_weight: float = 1.0                       # first-wave split weight applied (_wave_weighted; 1: none)
     prefill_variant: str = "mma"                   # the prefill kernel it launches: "mma" or "wgmma"
 
     def check_run_args(self, q, kv_cache, out=None):
@@ -716,8 +718,12 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
     items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
                                      min_split)
+    wave_weight = 1.0
     if variant == "paged" and num_splits is None:
-        items = _wave_weighted(items, _device_props(dev)[0], capacity, _wave_weight())
+        w = _wave_weight()
+        weighted = _wave_weighted(items, _device_props(dev)[0], capacity, w)
+        if weighted is not items:
+            items, wave_weight = weighted, w
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
@@ -742,6 +748,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
         red_split=reduce_split(len(red), ny, _device_props(dev)[0]),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
+        wave_weight=wave_weight,
         prefill_variant=pf_variant,
     )
 

@@ -375,6 +375,7 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     items = cupy.asnumpy(plan.items)
     if not n_sm < len(items) <= 2 * n_sm:
         pytest.skip(f"{len(items)} CTAs on {n_sm} SMs: not a one-wave grid of two CTAs per SM here")
+    assert plan.wave_weight == 1.5
     size = items[:, 3] - items[:, 2]
     assert np.median(size[:n_sm]) >= 1.3 * np.median(size[n_sm:]), (np.median(size[:n_sm]), np.median(size[n_sm:]))
     check_close(out, run_ref(case), "bfloat16", f"{fmt} wave-weighted")
