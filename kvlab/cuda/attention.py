@@ -592,29 +592,35 @@ def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -
     starts = np.nonzero(np.r_[True, (m[1:, 0] != m[:-1, 0]) | (m[1:, 1] != m[:-1, 1])
                               | (m[1:, 4] != m[:-1, 4] + 1)])[0]
     sizes = np.diff(np.r_[starts, len(m)])
-    # heavy parts per group: largest remainders of sizes · n_sm / total, at most sizes - 0
+    # heavy parts per group: largest remainders of sizes · n_sm / total (never above sizes)
     quota = sizes * (n_sm / sizes.sum())
     heavy = np.floor(quota).astype(np.int64)
     rest = n_sm - int(heavy.sum())
     if rest > 0:
         order = np.argsort(-(quota - heavy), kind="stable")
         heavy[order[:rest]] += 1
-    first, second = [], []
-    for g0, ng, nh in zip(starts, sizes, heavy):
-        rows = m[g0:g0 + ng]
-        lo16, hi = int(rows[0, 2]), int(rows[-1, 3])
-        tiles = -(-(hi - lo16) // 16)
-        w = np.r_[np.full(nh, weight), np.ones(ng - nh)]
-        # cumulative tiles at each part's end: strictly increasing (>= 1 tile a part), the last = tiles
-        k = np.arange(ng)
-        c = np.rint(np.cumsum(w) / w.sum() * tiles).astype(np.int64) - k
-        cut = np.maximum.accumulate(np.clip(c, 1, tiles - ng + 1)) + k
-        lo = lo16 + 16 * np.r_[0, cut[:-1]]
-        hi_k = np.minimum(lo16 + 16 * cut, hi)
-        new = rows.copy()
-        new[:, 2], new[:, 3] = lo, hi_k
-        first.append(new[:nh])
-        second.append(new[nh:])
+    # every row at once (a Python loop over the groups cost ~0.6 ms of host time per plan)
+    gid = np.repeat(np.arange(len(starts)), sizes)
+    k = np.arange(len(m)) - np.repeat(starts, sizes)               # index within the group
+    is_heavy = k < heavy[gid]
+    h = heavy[gid]                                                  # the group's heavy parts come first
+    cw_in = weight * np.minimum(k + 1, h) + np.maximum(k + 1 - h, 0)  # weight up to this part's end
+    wsum = weight * heavy + (sizes - heavy)
+    lo16 = m[starts, 2].astype(np.int64)
+    hi = m[starts + sizes - 1, 3].astype(np.int64)
+    tiles = -(-(hi - lo16) // 16)
+    # cumulative tiles at each part's end: strictly increasing within the group (>= 1 tile a
+    # part), the last = the group's tiles; the running max per group via a group offset
+    c = np.rint(cw_in / wsum[gid] * tiles[gid]).astype(np.int64) - k
+    c = np.clip(c, 1, (tiles - sizes + 1)[gid])
+    big = int(tiles.max()) + 1
+    c = np.maximum.accumulate(c + gid * big) - gid * big
+    cut = c + k
+    prev = np.where(k == 0, 0, np.r_[0, cut[:-1]])
+    new = m.copy()
+    new[:, 2] = lo16[gid] + 16 * prev
+    new[:, 3] = np.minimum(lo16[gid] + 16 * cut, hi[gid])
+    first, second = [new[is_heavy]], [new[~is_heavy]]
     out = np.concatenate(first + second + [items[~multi]])
     return np.ascontiguousarray(out.astype(np.int32))
 
