@@ -1294,6 +1294,9 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most
 // (-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS), at the start of each query column (words 16 … 23) —
 // to kvlab_decode_timeline[blockIdx.x · 24 + …]. Outputs stay correct; the default build has none
 // of it.
+#if defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) && defined(KVLAB_DECODE_LATE_QUERY_LOADS)
+#error "KVLAB_DECODE_LATE_QUERY_LOADS moves the loads of the joint query staging, which KVLAB_DECODE_SERIAL_QUERY_COLUMNS replaces: name one"
+#endif
 #ifdef KVLAB_DECODE_TIMELINE
 constexpr int TL_MAX_CTAS = 8192, TL_WORDS = 24;
 __device__ unsigned long long kvlab_decode_timeline[TL_MAX_CTAS * TL_WORDS];

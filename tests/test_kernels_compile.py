@@ -362,9 +362,11 @@ def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
 
 @pytest.mark.parametrize("opts, ok", [("-DKVLAB_DECODE_PROBE=1", True), ("-DKVLAB_DECODE_PROBE=2", True),
                                       ("-DKVLAB_DECODE_PROBE=3", False), ("-DKVLAB_DECODE_TIMELINE", True),
-                                      ("-DKVLAB_DECODE_TIMELINE -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS", True)])
+                                      ("-DKVLAB_DECODE_TIMELINE -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS", True),
+                                      ("-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS -DKVLAB_DECODE_LATE_QUERY_LOADS", False)])
 def test_decode_probe_builds(opts, ok, monkeypatch):
     """The paged decode's measurement-only builds (docs/perf-notes.md "Session 10": the probes =1
     data only, =2 math only, and the per-CTA timeline of scripts/decode_cta_timeline.py) compile,
-    so a session can run them; any other probe value is an #error."""
+    so a session can run them; any other probe value is an #error, and so is naming the two
+    query-prologue switches of session 11 together (one would be ignored: a mislabelled A/B)."""
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 128, __nv_bfloat16>", opts, ok)
