@@ -1206,7 +1206,12 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   // the o rows RU parts at a time: all their loads (the part's m and its row piece) are issued
   // before any is used, so a column costs ~nparts/RU dependent L2 round trips (batch 1 at 128k
   // has ~250 parts per column: with 4 in flight the merge took tens of µs)
+#ifdef KVLAB_DECODE_MERGE_RU
+  constexpr int RU = KVLAB_DECODE_MERGE_RU;   // A/B (docs/perf-notes.md "Session 11", call 8)
+  static_assert(RU == 4 || RU == 8 || RU == 16, "KVLAB_DECODE_MERGE_RU: 4, 8 or 16");
+#else
   constexpr int RU = 8;
+#endif
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = 0.f;

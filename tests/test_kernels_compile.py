@@ -325,7 +325,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
                                   "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
-                                  "-DKVLAB_DECODE_LATE_QUERY_LOADS"])
+                                  "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
@@ -335,7 +335,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_NO_STAGE_NVFP4 (nvfp4 on the per-chunk body) and with
     -DKVLAB_DECODE_NO_EARLY_ISSUE (the paged ring's first copies after the prologue) and with
     -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS (session 10's one-column-at-a-time query prologue) and with
-    -DKVLAB_DECODE_LATE_QUERY_LOADS (the query rows loaded after the first copies); the int4 and nvfp4
+    -DKVLAB_DECODE_LATE_QUERY_LOADS (the query rows loaded after the first copies) and with
+    -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
