@@ -168,6 +168,23 @@ def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_sc
     return to_host(out).astype(np.float64), plan
 
 
+def unaligned_run_args(case):
+    """The case's arrays on the GPU with q and a NaN-poisoned out as views 2 bytes past a 16-byte
+    boundary (element 1 of buffers 8 elements longer): ``(args, out, obuf)``, args the run
+    arguments (q, kv_cache, block_table, seq_lens, query_start_loc); obuf lets a test check that
+    nothing outside the out view was written."""
+    torch = _torch()
+    dev = {k: to_device(case[k], "torch") for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    n = dev["q"].numel()
+    qbuf = torch.empty(n + 8, dtype=dev["q"].dtype, device=dev["q"].device)
+    obuf = torch.full((n + 8,), float("nan"), dtype=dev["q"].dtype, device=dev["q"].device)
+    q = qbuf[1:1 + n].view(dev["q"].shape)
+    out = obuf[1:1 + n].view(dev["q"].shape)
+    q.copy_(dev["q"])
+    assert q.data_ptr() % 16 == 2 and out.data_ptr() % 16 == 2
+    return (q, dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"]), out, obuf
+
+
 def run_ref(case, sliding_window=None, softmax_scale=None):
     return reference.paged_attention(
         case["q"], case["kv_cache"], case["block_table"], case["seq_lens"], case["query_start_loc"],
@@ -341,15 +358,8 @@ def test_decode_unaligned_q(rng, fmt, shape, variant):
     hkv, group, d, bs = shape
     q_lens, kv_lens = [1, 1, 1, 3], [1, 45, 700, 300]
     case = build_case(rng, fmt, hkv, group, d, bs, q_lens, kv_lens)
-    dev = {k: to_device(case[k], "torch") for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
-    n = dev["q"].numel()
-    qbuf = torch.empty(n + 8, dtype=dev["q"].dtype, device=dev["q"].device)
-    obuf = torch.full((n + 8,), float("nan"), dtype=dev["q"].dtype, device=dev["q"].device)
-    q = qbuf[1:1 + n].view(dev["q"].shape)
-    out = obuf[1:1 + n].view(dev["q"].shape)
-    q.copy_(dev["q"])
-    assert q.data_ptr() % 16 == 2 and out.data_ptr() % 16 == 2
-    args = (q, dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"])
+    args, out, obuf = unaligned_run_args(case)
+    n = out.numel()
     plan = plan_paged_attention(*args, case["kv_cache_dtype"], None, case["k_scale"], case["v_scale"],
                                 prefill_kernel=False, decode_variant=variant)
     assert plan.decode_variant == variant, plan.decode_variant_note
@@ -365,7 +375,7 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     the plan's work list) and the output must still match the float64 reference."""
     import cupy
 
-    from kvlab.cuda.attention import _device_props, plan_paged_attention
+    from kvlab.cuda.attention import _device_props
 
     monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", "1.5")
     kv_lens = [int(x) for x in rng.integers(3900, 4200, size=8)]

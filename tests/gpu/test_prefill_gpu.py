@@ -313,18 +313,11 @@ def test_queries_and_output_off_16_byte_boundaries(rng, fmt, prefill_variant):
 
     from kvlab.cuda.attention import plan_paged_attention
 
-    from .test_paged_attention_gpu import to_device, to_host
+    from .test_paged_attention_gpu import to_host, unaligned_run_args
 
     case = _case(rng, fmt, 2, 4, 128, 16, [300, 70], [300, 70 + 130])
-    dev = {k: to_device(case[k], "torch") for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
-    n = dev["q"].numel()
-    qbuf = torch.empty(n + 8, dtype=dev["q"].dtype, device=dev["q"].device)
-    obuf = torch.full((n + 8,), float("nan"), dtype=dev["q"].dtype, device=dev["q"].device)
-    q = qbuf[1:1 + n].view(dev["q"].shape)
-    out = obuf[1:1 + n].view(dev["q"].shape)
-    q.copy_(dev["q"])
-    assert q.data_ptr() % 16 == 2 and out.data_ptr() % 16 == 2
-    args = (q, dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"])
+    args, out, obuf = unaligned_run_args(case)
+    n = out.numel()
     plan = plan_paged_attention(*args, case["kv_cache_dtype"], None, case["k_scale"], case["v_scale"],
                                 prefill_kernel=True, prefill_variant=prefill_variant)
     assert plan.n_pf > 0
