@@ -47,6 +47,25 @@
 #if defined(KVLAB_DECODE_STAGE_NVFP4) && (defined(KVLAB_DECODE_NO_STAGE) || defined(KVLAB_DECODE_NO_STAGE_NVFP4))
 #error "KVLAB_DECODE_STAGE_NVFP4 (the default) extends the stage body: not with KVLAB_DECODE_NO_STAGE(_NVFP4)"
 #endif
+// The split merge is a programmatic dependent launch of the decode kernel on sm_90 (docs/perf-notes.md
+// "Session 12"): each decode CTA allows the merge's launch once its main loop is done
+// (griddepcontrol.launch_dependents, before its epilogue), and the merge waits for the whole decode
+// grid (griddepcontrol.wait: its completion and its memory) right before it reads the partials;
+// what it reads before that (its work item, the query offsets) are inputs. The merge's launch and
+// its first loads then overlap the last decode CTAs' epilogues: batch 1 × 128k −4 %, B = 32 × 8k
+// −1 % (session 12, call 2). The plan launches the merge with the attribute
+// (kvlab/cuda/launch.py, launch_dependent) only on sm_90+; elsewhere both instructions are
+// compiled out. -DKVLAB_DECODE_NO_PDL compiles them out everywhere and the plan launches the
+// merge as an ordinary kernel (A/B; KVLAB_DECODE_PDL=0 does the same on the host side alone).
+// Triggering at the decode kernel's *start* instead was measured too: flat at B = 32, batch 1
+// +11 % (the merge's CTAs sat on the free slots while the decode streamed).
+#if !defined(KVLAB_DECODE_NO_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#define KVLAB_PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
+#define KVLAB_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
+#else
+#define KVLAB_PDL_LAUNCH_DEPENDENTS() ((void)0)
+#define KVLAB_PDL_WAIT() ((void)0)
+#endif
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -1112,6 +1131,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
     }
   }
 
+  KVLAB_PDL_LAUNCH_DEPENDENTS();   // the merge may launch now (it waits for this grid before its reads)
   // ---- merge the quad's partial sums (column g), then the warps
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
@@ -1173,6 +1193,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
+  KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
   // (m, l) of the parts spread over the lanes (one long serial chain per warp was the batch-1
   // bottleneck: ~2 L2 latencies per part); the o rows 4 parts at a time, loads in flight.
   auto slot_of = [&](int p) {
@@ -1802,6 +1823,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
 
   KVLAB_TL_MARK(3);
+  KVLAB_PDL_LAUNCH_DEPENDENTS();   // the merge may launch now (it waits for this grid before its reads)
   // ---- epilogue: one warp per column group, no merge across warps
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);

@@ -269,3 +269,31 @@ def test_wave_weighting_applies_to_one_wave_only(monkeypatch):
         monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", bad)
         with pytest.raises(ValueError, match="KVLAB_DECODE_WAVE_WEIGHT"):
             A._wave_weight()
+
+
+def test_dependent_launch_layouts_and_switch(monkeypatch):
+    """The ctypes mirrors of CUlaunchAttribute / CUlaunchConfig have cuda.h's layout (CUDA 13
+    headers, checked with offsetof: 72 and 56 bytes; value at 8; hStream, attrs, numAttrs at 32,
+    40, 48), and the plan's switch: KVLAB_DECODE_PDL=0 or a -DKVLAB_DECODE_NO_PDL build launch
+    the merge normally (without the kernels' griddepcontrol.wait an early launch could read
+    partials not yet written), a bad value is refused. Both answers come before any device query."""
+    import ctypes
+
+    from kvlab.cuda import attention as A
+    from kvlab.cuda import launch as L
+
+    assert ctypes.sizeof(L._LaunchAttribute) == 72 and L._LaunchAttribute.value.offset == 8
+    assert ctypes.sizeof(L._LaunchConfig) == 56
+    assert (L._LaunchConfig.hStream.offset, L._LaunchConfig.attrs.offset,
+            L._LaunchConfig.numAttrs.offset) == (32, 40, 48)
+    assert L.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION == 6
+    monkeypatch.setenv("KVLAB_DECODE_PDL", "0")
+    assert A.pdl_merge(0) is False
+    monkeypatch.setenv("KVLAB_DECODE_PDL", "1")
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_NO_PDL")
+    assert A.pdl_merge(0) is False
+    monkeypatch.setenv("KVLAB_DECODE_PDL", "yes")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_PDL"):
+        A.pdl_merge(0)
+    with pytest.raises(TypeError, match="typed NumPy scalars"):
+        L.launch_dependent(None, (1,), (32,), (1,))

@@ -325,7 +325,8 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
                                   "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
-                                  "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16"])
+                                  "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
+                                  "-DKVLAB_DECODE_NO_PDL"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles

@@ -396,6 +396,7 @@ class AttentionPlan:
     pf_items: object = None   # device int32 (n_pf, 2): seq, tok0 (prefill kernel)
     n_pf: int = 0
     red_split: bool = False                        # split merge: parts over 8 warps per column (reduce_split)
+    pdl_merge: bool = False                        # the merge is a programmatic dependent launch (pdl_merge)
     decode_variant: str = "per_head"               # the decode kernel this plan launches
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
@@ -477,12 +478,39 @@ class AttentionPlan:
                 r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"],
                                             self.red_split), self.device_id)
                 grid = (self.n_red, self.ny, NCOL) if self.red_split else (self.n_red, self.ny)
-                L.launch(r, grid, (NCOL * 32,), (
+                launch = L.launch_dependent if self.pdl_merge else L.launch
+                launch(r, grid, (NCOL * 32,), (
                     L.ptr(out), L.ptr(self.ws_o), L.ptr(self.ws_ml), L.ptr(self.red_items),
                     L.ptr(query_start_loc), L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
                     L.i32(self.hpc), L.i32(self.tpc),
                 ))
         return out
+
+
+def pdl_merge(device_id) -> bool:
+    """Whether the split merge is launched as a programmatic dependent of the decode kernel
+    (``launch.launch_dependent``; the kernels' side is in paged_attention.cu, "programmatic
+    dependent launch"): on sm_90+, unless the build has ``-DKVLAB_DECODE_NO_PDL`` (its merge has
+    no ``griddepcontrol.wait``, so an early launch could read partials not yet written) or the
+    environment variable ``KVLAB_DECODE_PDL`` is ``0`` (A/B in one process; ``1`` is the default).
+    Read when a plan is built."""
+    import os
+
+    from .loader import compile_options
+
+    env = os.environ.get("KVLAB_DECODE_PDL", "")
+    if env not in ("", "0", "1"):
+        raise ValueError(f"KVLAB_DECODE_PDL: expected 0 or 1, got {env!r}")
+    if env == "0" or "-DKVLAB_DECODE_NO_PDL" in compile_options():
+        return False
+    return _compute_capability(device_id) >= 90
+
+
+@functools.cache
+def _compute_capability(device_id) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device_id).compute_capability)
 
 
 def _splits_for_waves(n_base: int, capacity: int, max_splits: int = 256) -> int:
@@ -753,6 +781,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
         red_split=reduce_split(len(red), ny, _device_props(dev)[0]),
+        pdl_merge=bool(len(red)) and pdl_merge(dev),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
         wave_weight=wave_weight,
         prefill_variant=pf_variant,

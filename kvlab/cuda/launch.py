@@ -8,6 +8,8 @@ ops validate contiguity before launching.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 
 import numpy as np
 
@@ -79,3 +81,60 @@ def launch(kernel, grid, block, args, shared_mem: int = 0):
             raise TypeError(f"kernel argument {a!r}: pass typed NumPy scalars or ptr(array)")
     kernel(tuple(int(g) for g in grid), tuple(int(b) for b in block), tuple(args),
            shared_mem=int(shared_mem))
+
+
+# ---- programmatic dependent launch (sm_90): cuLaunchKernelEx through the driver API, because
+# CuPy's launches take no launch attributes. The two structs mirror cuda.h (CUDA 12 and 13):
+# CUlaunchAttribute = {CUlaunchAttributeID id; 4 bytes padding; 64-byte value union} and
+# CUlaunchConfig = {grid x/y/z, block x/y/z, sharedMemBytes, hStream, attrs, numAttrs}; a CPU
+# test pins the sizes and offsets (72 and 56 bytes; hStream, attrs, numAttrs at 32, 40, 48).
+CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6
+
+
+class _LaunchAttribute(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int64 * 8)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttribute)), ("numAttrs", ctypes.c_uint)]
+
+
+@functools.cache
+def _cu_launch_kernel_ex():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuLaunchKernelEx
+    fn.restype = ctypes.c_int
+    fn.argtypes = [ctypes.POINTER(_LaunchConfig), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p),
+                   ctypes.c_void_p]
+    return fn
+
+
+def launch_dependent(kernel, grid, block, args, shared_mem: int = 0):
+    """:func:`launch` as a *programmatic dependent* of the previous kernel of the stream
+    (``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION``): the kernel may start once every
+    CTA of that kernel has executed ``griddepcontrol.launch_dependents`` (or exited), and must
+    itself execute ``griddepcontrol.wait`` before it reads anything that kernel writes. sm_90+.
+    Raises ``RuntimeError`` with the driver's ``CUresult`` if the launch fails."""
+    import cupy
+
+    for a in args:
+        if not isinstance(a, (np.generic,)):
+            raise TypeError(f"kernel argument {a!r}: pass typed NumPy scalars or ptr(array)")
+    # each argument's bytes in a buffer of its own, and the array of pointers to them (the
+    # driver copies the values at the launch)
+    bufs = [ctypes.create_string_buffer(np.asarray(a).tobytes(), int(np.asarray(a).nbytes)) for a in args]
+    params = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.cast(b, ctypes.c_void_p) for b in bufs])
+    attr = _LaunchAttribute()
+    attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    attr.value[0] = 1   # programmaticStreamSerializationAllowed (the union's first int)
+    g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
+    b = tuple(int(x) for x in block) + (1,) * (3 - len(block))
+    cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
+                        ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
+    func = getattr(kernel, "kernel", kernel)   # cupy.RawKernel -> its cupy.cuda.Function
+    rc = _cu_launch_kernel_ex()(ctypes.byref(cfg), ctypes.c_void_p(func.ptr), params, None)
+    if rc != 0:
+        raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")

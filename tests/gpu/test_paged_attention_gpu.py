@@ -391,6 +391,41 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} wave-weighted")
 
 
+@pytest.mark.parametrize("pdl", ["default", "0"])
+def test_pdl_merge_launch(rng, variant, pdl, monkeypatch):
+    """On sm_90 the split merge is a programmatic dependent launch (launch_dependent, spied) in
+    the default build and an ordinary launch with KVLAB_DECODE_PDL=0; both match float64. A
+    merge that read the partials before the decode grid finished (no griddepcontrol.wait, or a
+    trigger before the partials are written) would fail the comparison: 7 splits of 5,000 tokens."""
+    from kvlab.cuda import attention as A
+    from kvlab.cuda import launch as L
+    from kvlab.cuda.loader import compile_options
+
+    if pdl == "0":
+        monkeypatch.setenv("KVLAB_DECODE_PDL", "0")
+    calls = {"dependent": 0, "plain": 0}
+    real_dep, real_plain = L.launch_dependent, L.launch
+
+    def spy_dep(*a, **k):
+        calls["dependent"] += 1
+        return real_dep(*a, **k)
+
+    def spy_plain(*a, **k):
+        calls["plain"] += 1
+        return real_plain(*a, **k)
+
+    monkeypatch.setattr(L, "launch_dependent", spy_dep)
+    monkeypatch.setattr(L, "launch", spy_plain)
+    case = build_case(rng, "int4_per_token_head", 2, 4, 128, 16, [1, 1, 3], [5000, 700, 2100])
+    out, plan = run_gpu(case, variant=variant, num_splits=7)
+    assert plan.n_red > 0
+    want = pdl == "default" and "-DKVLAB_DECODE_NO_PDL" not in compile_options() \
+        and A._compute_capability(plan.device_id) >= 90
+    assert plan.pdl_merge == want
+    assert calls["dependent"] == (1 if want else 0), calls
+    check_close(out, run_ref(case), "bfloat16", f"pdl={pdl} merge {variant}")
+
+
 def test_nvfp4_swizzle_and_global_scale(rng, variant):
     fmt = get_format("nvfp4", swizzle_v_scales=True)
     q_lens, kv_lens = _mixed_lengths(rng, 4, 600)
