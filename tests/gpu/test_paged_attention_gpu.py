@@ -395,8 +395,8 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
 def test_pdl_merge_launch(rng, variant, pdl, monkeypatch):
     """On sm_90 the split merge is a programmatic dependent launch (launch_dependent, spied) in
     the default build and an ordinary launch with KVLAB_DECODE_PDL=0; both match float64. A
-    merge that read the partials before the decode grid finished (no griddepcontrol.wait, or a
-    trigger before the partials are written) would fail the comparison: 7 splits of 5,000 tokens."""
+    merge without its griddepcontrol.wait would start while the decode CTAs still write their
+    partials (7 splits of 5,000 tokens) and fail the comparison in all but lucky runs."""
     from kvlab.cuda import attention as A
     from kvlab.cuda import launch as L
     from kvlab.cuda.loader import compile_options
