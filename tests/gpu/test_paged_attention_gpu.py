@@ -426,6 +426,37 @@ def test_pdl_merge_launch(rng, variant, pdl, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"pdl={pdl} merge {variant}")
 
 
+def test_pdl_merge_in_a_cuda_graph(rng, variant):
+    """The decode + dependent merge captured in a torch CUDA graph (as an engine captures its
+    decode step): replayed twice after the inputs changed in place, each replay matches float64
+    on the new inputs (the graph holds the programmatic edge, not stale results)."""
+    torch = _torch()
+    from kvlab.cuda.attention import plan_paged_attention
+
+    case = build_case(rng, "int4_per_token_head", 2, 4, 128, 16, [1, 1, 3], [5000, 700, 2100])
+    dev = {k: to_device(case[k], "torch") for k in ("q", "kv_cache", "block_table", "seq_lens",
+                                                  "query_start_loc")}
+    args = (dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"])
+    plan = plan_paged_attention(*args, case["kv_cache_dtype"], None, case["k_scale"], case["v_scale"],
+                                None, num_splits=7, decode_variant=variant)
+    assert plan.n_red > 0
+    out = torch.full_like(dev["q"], float("nan"))
+    plan.run(*args, out=out)   # compile and warm up outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        plan.run(*args, out=out)
+    for rep in range(2):
+        q_new = (rng.standard_normal(case["q"].shape) * 1.5).astype(case["q"].dtype)
+        case = dict(case, q=q_new)
+        dev["q"].copy_(to_device(q_new, "torch"))
+        out.fill_(float("nan"))
+        graph.replay()
+        torch.cuda.synchronize()
+        check_close(to_host(out).astype(np.float64), run_ref(case), "bfloat16",
+                    f"graph replay {rep} (pdl merge: {plan.pdl_merge})")
+
+
 def test_nvfp4_swizzle_and_global_scale(rng, variant):
     fmt = get_format("nvfp4", swizzle_v_scales=True)
     q_lens, kv_lens = _mixed_lengths(rng, 4, 600)
