@@ -494,8 +494,6 @@ def pdl_merge(device_id) -> bool:
     no ``griddepcontrol.wait``, so an early launch could read partials not yet written) or the
     environment variable ``KVLAB_DECODE_PDL`` is ``0`` (A/B in one process; ``1`` is the default).
     Read when a plan is built."""
-    import os
-
     from .loader import compile_options
 
     env = os.environ.get("KVLAB_DECODE_PDL", "")

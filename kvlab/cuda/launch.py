@@ -74,11 +74,15 @@ def empty(like, shape, dtype_name: str):
         return cupy.empty(shape, dtype=dtype_name)
 
 
-def launch(kernel, grid, block, args, shared_mem: int = 0):
-    """Launch ``kernel`` with already-typed ``args`` (see :func:`ptr`, :func:`i32`, :func:`f32`)."""
+def _check_args(args):
     for a in args:
         if not isinstance(a, (np.generic,)):
             raise TypeError(f"kernel argument {a!r}: pass typed NumPy scalars or ptr(array)")
+
+
+def launch(kernel, grid, block, args, shared_mem: int = 0):
+    """Launch ``kernel`` with already-typed ``args`` (see :func:`ptr`, :func:`i32`, :func:`f32`)."""
+    _check_args(args)
     kernel(tuple(int(g) for g in grid), tuple(int(b) for b in block), tuple(args),
            shared_mem=int(shared_mem))
 
@@ -120,9 +124,7 @@ def launch_dependent(kernel, grid, block, args, shared_mem: int = 0):
     Raises ``RuntimeError`` with the driver's ``CUresult`` if the launch fails."""
     import cupy
 
-    for a in args:
-        if not isinstance(a, (np.generic,)):
-            raise TypeError(f"kernel argument {a!r}: pass typed NumPy scalars or ptr(array)")
+    _check_args(args)
     # each argument's bytes in a buffer of its own, and the array of pointers to them (the
     # driver copies the values at the launch)
     bufs = [ctypes.create_string_buffer(np.asarray(a).tobytes(), int(np.asarray(a).nbytes)) for a in args]
