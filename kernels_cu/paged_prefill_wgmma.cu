@@ -184,7 +184,11 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                 "setmaxnreg: the consumers get no more than the producer released");
   static_assert(ws_producer_regs<FMT, D>() % 8 == 0 && ws_consumer_regs<FMT, D>() % 8 == 0 &&
                 ws_producer_regs<FMT, D>() >= 24 && ws_consumer_regs<FMT, D>() <= 256, "setmaxnreg operands");
+#if defined(KVLAB_WGMMA_ROWGROUP)
+  using Loader = PfRowGroupLoader<FMT, D, T, PfCore<D>>;
+#else
   using Loader = PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, 2>;
+#endif
 
   extern __shared__ __align__(128) uint8_t pf_smem[];
   __shared__ float cs_sm[WG_ROWS];
@@ -236,8 +240,13 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     ld.side_stride = static_cast<unsigned>(BS * num_kv_heads * TR::ROW);
     ld.slab2 = 2u * ld.side_stride;
     ld.data_part = static_cast<unsigned>(BS * num_kv_heads * (D / 2));  // nvfp4: scales follow
-    ld.L = L; ld.bs_log2 = bs_log2; ld.BS = BS; ld.num_kv_heads = num_kv_heads; ld.kvh = kvh;
-    ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6; ld.swizzle_v = swizzle_v;
+    ld.L = L; ld.bs_log2 = bs_log2; ld.num_kv_heads = num_kv_heads; ld.kvh = kvh; ld.swizzle_v = swizzle_v;
+#if defined(KVLAB_WGMMA_ROWGROUP)
+    (void)BS;
+    ld.init(tid);
+#else
+    ld.BS = BS; ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6;
+#endif
     if constexpr (FMT == AUTO) {
       // 3+ stages: the copies of tile it are issued before tile it-1 is released (two tiles in
       // flight). With 2 stages that would deadlock: a consumer releases tile it-2 only after it

@@ -169,6 +169,31 @@ struct PfPadded {
   static __device__ __forceinline__ int idx(int row, int dim) { return row * RS + dim; }  // in halves
 };
 
+// Per-token scales of a 64-token tile in the wgmma kernel's order ("PERM"): the consumer lane with
+// column pair c (lane % 4) needs the scales of tokens 8nt + 2c + e (nt = 0..7, e = 0, 1) and reads
+// them as four 16-byte loads, float4 i holding (nt, e) = (2i, 0), (2i, 1), (2i+1, 0), (2i+1, 1).
+// pf_par_pos(token) is where the producer stores a token's scale, pf_par_off(c, i) where the
+// consumer's float4 i starts (floats from the K or V half).
+//   default: token at 16c + 2nt + e, float4 at 16c + 4i. The 8 lanes of a 16-byte load phase
+//            (c = 0..3 twice) fall on banks 0-3, 16-19, 0-3, 16-19 (+4i): c = 0 and 2 conflict,
+//            two wavefronts per phase (Nsight Compute, session 8: 11.6 wavefronts per load).
+//   -DKVLAB_WGMMA_SCALES_CF: token at 16(nt >> 1) + 4c + 2(nt & 1) + e, float4 at 16i + 4c: the
+//            four float4 of a phase are adjacent (64 bytes), one wavefront per phase.
+__host__ __device__ constexpr int pf_par_pos(int lt) {
+#if defined(KVLAB_WGMMA_SCALES_CF)
+  return 16 * (lt >> 4) + 4 * ((lt >> 1) & 3) + 2 * ((lt >> 3) & 1) + (lt & 1);
+#else
+  return 16 * ((lt >> 1) & 3) + 2 * (lt >> 3) + (lt & 1);
+#endif
+}
+__host__ __device__ constexpr int pf_par_off(int c, int i) {
+#if defined(KVLAB_WGMMA_SCALES_CF)
+  return 16 * i + 4 * c;
+#else
+  return 16 * c + 4 * i;
+#endif
+}
+
 // The thread's part of a tile's decode: token lt = tid % KT of the tile, part `part` =
 // tid / KT of its K and V rows (D/PARTS dims each: quarters with 4·KT threads, halves with
 // 2·KT). Raw cache bytes of the next tile wait in
@@ -260,8 +285,8 @@ struct PfTileLoader {
     }
   }
   // per-token scales of the tile: par[0..KT) K, par[KT..2KT) V (int4/int8/fp8). PERM (the wgmma
-  // kernel's lean switch): token lt = 8nt + 2c + e at 16c + 2nt + e (pf_scale_pos), so that the
-  // consumer lane with column pair c reads its 16 K (V) scales as 4 16-byte loads.
+  // kernel's order): token lt at pf_par_pos(lt), so that the consumer lane with column pair c
+  // reads its 16 K (V) scales as 4 16-byte loads (pf_par_off).
   template <bool PERM = false>
   __device__ __forceinline__ void store_params(float* par) {
     static_assert(!PERM || KT == 64, "PERM: 64-token tiles (8 n-tiles of 8 tokens)");
@@ -276,7 +301,7 @@ struct PfTileLoader {
         ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp) * FP8_V_P;
       }
       if (part == 0) {
-        const int pos = PERM ? ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1) : lt;
+        const int pos = PERM ? pf_par_pos(lt) : lt;
         par[pos] = ksc;
         par[KT + pos] = vsc;
       }
@@ -303,6 +328,167 @@ struct PfTileLoader {
     for (int i = 0; i < PB / 16; ++i) {
       cp_async16_zfill(kd + 2 * LAYOUT::UNIT * i, kr + 16 * i, in);
       cp_async16_zfill(vd + 2 * LAYOUT::UNIT * i, vr + 16 * i, in);
+    }
+    cp_async_commit();
+  }
+};
+
+// The wgmma producer's tile loads in row groups (-DKVLAB_WGMMA_ROWGROUP; same interface as
+// PfTileLoader<…, PARTS = 2>, same shared-memory result). PfTileLoader gives each thread one
+// token's half row: a warp's 32 lanes read 32 different rows per load instruction (rows of one
+// head are num_kv_heads·ROW bytes apart), and int4/int8/fp8 rows are only 4-byte aligned, so every
+// 4-byte load touches 32 cache lines (Nsight Compute, session 8: 85 % of the producer's L1
+// sectors excessive, 730 load wavefronts per tile on the L1 data pipe, which ran 87 % busy).
+// Here warp w (of the 128 producer threads) owns tokens 16w .. 16w+15 of the 64-token tile, lane
+// l = 8q + r the tokens 16w + r and 16w + 8 + r (row groups g = 0, 1) and, of each, the 8-dim
+// units q + 4k (int4/int8/fp8: a load instruction reads 16 or 32 consecutive bytes of 8 rows) or
+// UL·q .. UL·q + UL-1 (nvfp4, 16-byte aligned rows: one 16-byte (8-byte at d = 64) load per row
+// and side). The 8 lanes of a 16-byte store phase (r = 0..7) write one unit of 8 consecutive
+// tokens: one 128-byte core matrix of the wgmma layout, conflict-free as before. A lane's two
+// rows lie in one cache block (block sizes >= 16, tiles start at multiples of 64): one block id.
+template <int FMT, int D, typename T, class LAYOUT>
+struct PfRowGroupLoader {
+  using TR = Traits<FMT, D, T>;
+  static constexpr int KT = 64;
+  static constexpr int U = D / 8;                                  // 8-dim units per row
+  static constexpr int UL = U / 4;                                 // units per lane and row
+  static constexpr int WU = (FMT == INT8 || FMT == FP8) ? 2 : 1;   // 32-bit words per unit
+  static constexpr int NW = UL * WU;                               // raw words per row and side
+  static constexpr int DB = U * 4 * WU;                            // data bytes per row (not auto)
+  static constexpr int RB = (FMT == NVFP4) ? D / 2 : TR::ROW;      // bytes between rows of the data part
+  static constexpr int S = D / 16;                                 // nvfp4 scale groups per row
+  static constexpr int NG = (FMT == NVFP4) ? UL / 2 : 1;           // nvfp4 groups per lane and row
+  static constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);
+  static_assert(U % 4 == 0 && (FMT != NVFP4 || UL % 2 == 0), "d = 64 or 128");
+
+  uint32_t rk[2][NW], rv[2][NW];
+  uint32_t rkp[2] = {0u, 0u}, rvp[2] = {0u, 0u};  // int4/int8/fp8: parameter words; nvfp4: scale bytes
+  const uint8_t* cache;
+  const int* bt;
+  unsigned side_stride, slab2, data_part;
+  int L, bs_log2, num_kv_heads, kvh, w, r, q, swizzle_v;
+
+  __device__ __forceinline__ void init(int tid) { w = tid >> 5; r = tid & 7; q = (tid >> 3) & 3; }
+  // the lane's k-th unit of a row
+  __device__ __forceinline__ int unit(int k) const { return FMT == NVFP4 ? UL * q + k : q + 4 * k; }
+  // the block id of the warp's 16 tokens of tile p0 (0 past the sequence)
+  __device__ __forceinline__ int block_of(int p0) const {
+    const int p = p0 + 16 * w;
+    return p < L ? __ldg(bt + (p >> bs_log2)) : 0;
+  }
+  __device__ __forceinline__ void load_raw(int p0) { load_raw(p0, block_of(p0)); }
+  __device__ __forceinline__ void load_raw(int p0, int blk) {
+    const uint8_t* slab = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int p = p0 + 16 * w + 8 * g + r;
+      const bool in = p < L;
+      const int tt = p & ((1 << bs_log2) - 1);
+      const unsigned rowi = static_cast<unsigned>(tt * num_kv_heads + kvh);
+      const uint8_t* kr = slab + rowi * RB;
+      const uint8_t* vr = kr + side_stride;
+      if constexpr (FMT == NVFP4) {
+        load_words<4 * NW, 16>(kr + 4 * NW * q, rk[g], in);
+        load_words<4 * NW, 16>(vr + 4 * NW * q, rv[g], in);
+        uint32_t kb = 0u, vb = 0u;
+        if (in) {
+          const uint8_t* ks = slab + data_part + rowi * S;
+#pragma unroll
+          for (int i = 0; i < NG; ++i) {
+            const int grp = NG * q + i;
+            kb |= static_cast<uint32_t>(__ldg(ks + grp)) << (8 * i);
+            int t2, gg;
+            v_scale_pos<S>(tt, grp, swizzle_v, t2, gg);
+            const uint8_t* vs = slab + side_stride + data_part +
+                                static_cast<unsigned>((t2 * num_kv_heads + kvh) * S + gg);
+            vb |= static_cast<uint32_t>(__ldg(vs)) << (8 * i);
+          }
+        }
+        rkp[g] = kb; rvp[g] = vb;
+      } else if constexpr (FMT != AUTO) {
+#pragma unroll
+        for (int k = 0; k < UL; ++k)
+#pragma unroll
+          for (int j = 0; j < WU; ++j) {
+            const int off = 4 * (WU * (q + 4 * k) + j);
+            rk[g][WU * k + j] = in ? __ldg(reinterpret_cast<const unsigned*>(kr + off)) : 0u;
+            rv[g][WU * k + j] = in ? __ldg(reinterpret_cast<const unsigned*>(vr + off)) : 0u;
+          }
+        rkp[g] = in ? __ldg(reinterpret_cast<const unsigned*>(kr + DB)) : 0u;
+        rvp[g] = in ? __ldg(reinterpret_cast<const unsigned*>(vr + DB)) : 0u;
+      }
+    }
+  }
+  template <bool PERM = true>
+  __device__ __forceinline__ void store_tile(uint8_t* ktile, uint8_t* vtile, float* par) {
+    static_assert(PERM, "the wgmma kernel's scale order");
+    if constexpr (FMT != AUTO) {
+#pragma unroll
+      for (int g = 0; g < 2; ++g) {
+        const int row = 16 * w + 8 * g + r;
+#pragma unroll
+        for (int k = 0; k < UL; ++k) {
+          const int u = unit(k);
+          uint16_t* kt = reinterpret_cast<uint16_t*>(ktile) + LAYOUT::idx(row, 8 * u);
+          uint16_t* vt = reinterpret_cast<uint16_t*>(vtile) + LAYOUT::idx(row, 8 * u);
+          uint4 ko, vo;
+          if constexpr (FMT == NVFP4) {
+            const int i = k >> 1;  // the lane's group of the unit
+            const uint16_t hk = bits16<__half>(e4m3_to_float((rkp[g] >> (8 * i)) & 0xFFu) * 128.f);
+            const uint16_t hv = bits16<__half>(e4m3_to_float((rvp[g] >> (8 * i)) & 0xFFu) * 128.f);
+            ko = dec_unit<FMT, false>(rk[g][k], 0u, pack2(hk, hk));
+            vo = dec_unit<FMT, true>(rv[g][k], 0u, pack2(hv, hv));
+          } else if constexpr (FMT == INT4) {
+            ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
+            vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
+          } else {
+            ko = dec_unit<FMT, false>(rk[g][2 * k], rk[g][2 * k + 1], 0u);
+            vo = dec_unit<FMT, true>(rv[g][2 * k], rv[g][2 * k + 1], 0u);
+          }
+          *reinterpret_cast<uint4*>(kt) = ko;
+          *reinterpret_cast<uint4*>(vt) = vo;
+        }
+      }
+    }
+    if constexpr (TOKSC) {
+      if (q == 0) {
+#pragma unroll
+        for (int g = 0; g < 2; ++g) {
+          float ksc, vsc;
+          if constexpr (FMT == INT4) {
+            ksc = __uint_as_float(rkp[g] & ~0xFu);
+            vsc = __uint_as_float(rvp[g] & ~0xFu);
+          } else if constexpr (FMT == INT8) {
+            ksc = __uint_as_float(rkp[g]); vsc = __uint_as_float(rvp[g]);
+          } else {
+            ksc = __uint_as_float(rkp[g]); vsc = __uint_as_float(rvp[g]) * FP8_V_P;
+          }
+          const int pos = pf_par_pos(16 * w + 8 * g + r);
+          par[pos] = ksc;
+          par[KT + pos] = vsc;
+        }
+      }
+    }
+  }
+  // auto: 16-byte cp.async copies (one unit each) of the lane's units of its two rows of tile p0
+  // to the tiles at the shared-window addresses kt / vt: 8 rows x 64 consecutive bytes per copy
+  __device__ __forceinline__ void copy(int p0, unsigned kt, unsigned vt) { copy(p0, block_of(p0), kt, vt); }
+  __device__ __forceinline__ void copy(int p0, int blk, unsigned kt, unsigned vt) {
+    const uint8_t* slab = cache + static_cast<size_t>(static_cast<unsigned>(blk)) * slab2;
+#pragma unroll
+    for (int g = 0; g < 2; ++g) {
+      const int row = 16 * w + 8 * g + r;
+      const int p = p0 + row;
+      const bool in = p < L;
+      const unsigned rowi = static_cast<unsigned>((p & ((1 << bs_log2) - 1)) * num_kv_heads + kvh);
+      const uint8_t* kr = slab + rowi * RB;
+      const uint8_t* vr = kr + side_stride;
+#pragma unroll
+      for (int k = 0; k < UL; ++k) {
+        const int u = q + 4 * k;
+        cp_async16_zfill(kt + 2 * LAYOUT::idx(row, 8 * u), kr + 16 * u, in);
+        cp_async16_zfill(vt + 2 * LAYOUT::idx(row, 8 * u), vr + 16 * u, in);
+      }
     }
     cp_async_commit();
   }
@@ -516,11 +702,11 @@ __device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float 
                                                        float cs0, float cs1, float& m0, float& m1, float& l0,
                                                        float& l1, float& nm0, float& nm1) {
   if constexpr (TOKSC) {
-    // scales in the PERM order of PfTileLoader::store_params: this lane's 16 at par + 16c
+    // scales in the PERM order of PfTileLoader::store_params (pf_par_pos / pf_par_off)
     static_assert(NT == 8, "PERM scale order: 64-token tiles");
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float4 ks = *reinterpret_cast<const float4*>(par + 16 * c + 4 * i);
+      const float4 ks = *reinterpret_cast<const float4*>(par + pf_par_off(c, i));
       s[2 * i][0] *= ks.x; s[2 * i][1] *= ks.y; s[2 * i][2] *= ks.x; s[2 * i][3] *= ks.y;
       s[2 * i + 1][0] *= ks.z; s[2 * i + 1][1] *= ks.w; s[2 * i + 1][2] *= ks.z; s[2 * i + 1][3] *= ks.w;
     }
@@ -596,7 +782,7 @@ __device__ __forceinline__ void pf_p_operand_perm(uint32_t (&pa)[4], const float
                                                   const float* par, int c, float cs0, float cs1, float nm0,
                                                   float nm1, float& l0, float& l1) {
   float4 vs4 = make_float4(1.f, 1.f, 1.f, 1.f);
-  if constexpr (TOKSC) vs4 = *reinterpret_cast<const float4*>(par + KT + 16 * c + 4 * kc);
+  if constexpr (TOKSC) vs4 = *reinterpret_cast<const float4*>(par + KT + pf_par_off(c, kc));
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int nt = 2 * kc + h;

@@ -112,7 +112,9 @@ def _wgmma_sass(exprs):
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_WS_STAGES=2", "-DKVLAB_WGMMA_WS_STAGES=3",
                                      "-DKVLAB_WGMMA_WS_NO_PINGPONG", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
                                      "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD -DKVLAB_WGMMA_WS_STAGES=2",
-                                     "-DKVLAB_WGMMA_PRODUCER_AHEAD"])
+                                     "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
+                                     "-DKVLAB_WGMMA_SCALES_CF",
+                                     "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
     producer two tiles ahead since session 9) and its switches (-DKVLAB_WGMMA_NO_PRODUCER_AHEAD: the
@@ -169,7 +171,8 @@ def _assert_register_split(f, fmt, d, ahead):
     assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
 
 
-@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
+@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
+                                     "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_SCALES_CF"])
 def test_wgmma_prefill_sass(monkeypatch, options):
     """The default build and -DKVLAB_WGMMA_NO_PRODUCER_AHEAD really issue warpgroup MMAs: no ptxas
     warning (wgmma serialised: C7518/C7510; setmaxnreg ignored), the register moves are in the
