@@ -46,6 +46,9 @@
 #if defined(KVLAB_WGMMA_NO_PRODUCER_AHEAD) && defined(KVLAB_WGMMA_PRODUCER_AHEAD)
 #error "KVLAB_WGMMA_PRODUCER_AHEAD (default) and KVLAB_WGMMA_NO_PRODUCER_AHEAD exclude each other"
 #endif
+#if defined(KVLAB_WGMMA_ROWGROUP) && defined(KVLAB_WGMMA_NO_ROWGROUP)
+#error "KVLAB_WGMMA_ROWGROUP and KVLAB_WGMMA_NO_ROWGROUP exclude each other"
+#endif
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
@@ -139,6 +142,25 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
+// Which producer loader a format uses (prefill_common.cuh). PfRowGroupLoader reads 16-32
+// consecutive bytes of 8 rows per load instruction instead of 4 bytes of 32 rows (Nsight Compute,
+// session 8: the producer's loads were 730 of the 2,980 L1 data-pipe wavefronts per int4 tile).
+// Measured on the H200 in session 13 (4k causal 32/8 d = 128, same call, docs/perf-notes.md
+// "Session 13"): int4 -6.5 %, auto -9.7 %, fp8 -2.9 % (none on top of the scale order below),
+// int8 +4 %, nvfp4 +9 %. So it is the default for int4 and auto only; -DKVLAB_WGMMA_ROWGROUP
+// takes it for every format, -DKVLAB_WGMMA_NO_ROWGROUP for none (A/B).
+template <int FMT>
+constexpr bool ws_rowgroup() {
+#if defined(KVLAB_WGMMA_ROWGROUP)
+  return true;
+#elif defined(KVLAB_WGMMA_NO_ROWGROUP)
+  return false;
+#else
+  return FMT == kvlab::attn::INT4 || FMT == kvlab::attn::AUTO;
+#endif
+}
+template <bool B, class A, class C> struct PickType { using type = A; };
+template <class A, class C> struct PickType<false, A, C> { using type = C; };
 constexpr int WS_BAR_Q = 1;      // consumers: query rows staged (256 threads)
 constexpr int WS_BAR_TURN = 2;   // + consumer warpgroup (0, 1): its turn to issue wgmma (256)
 constexpr int WS_BAR_EPI = 4;    // consumers: the epilogue's two barriers (256; not __syncthreads,
@@ -184,11 +206,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                 "setmaxnreg: the consumers get no more than the producer released");
   static_assert(ws_producer_regs<FMT, D>() % 8 == 0 && ws_consumer_regs<FMT, D>() % 8 == 0 &&
                 ws_producer_regs<FMT, D>() >= 24 && ws_consumer_regs<FMT, D>() <= 256, "setmaxnreg operands");
-#if defined(KVLAB_WGMMA_ROWGROUP)
-  using Loader = PfRowGroupLoader<FMT, D, T, PfCore<D>>;
-#else
-  using Loader = PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, 2>;
-#endif
+  using Loader = typename PickType<ws_rowgroup<FMT>(), PfRowGroupLoader<FMT, D, T, PfCore<D>>,
+                                   PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, 2>>::type;
 
   extern __shared__ __align__(128) uint8_t pf_smem[];
   __shared__ float cs_sm[WG_ROWS];
@@ -241,12 +260,11 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     ld.slab2 = 2u * ld.side_stride;
     ld.data_part = static_cast<unsigned>(BS * num_kv_heads * (D / 2));  // nvfp4: scales follow
     ld.L = L; ld.bs_log2 = bs_log2; ld.num_kv_heads = num_kv_heads; ld.kvh = kvh; ld.swizzle_v = swizzle_v;
-#if defined(KVLAB_WGMMA_ROWGROUP)
-    (void)BS;
-    ld.init(tid);
-#else
-    ld.BS = BS; ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6;
-#endif
+    if constexpr (ws_rowgroup<FMT>()) {
+      ld.init(tid);
+    } else {
+      ld.BS = BS; ld.lt = tid & (WG_KT - 1); ld.part = tid >> 6;
+    }
     if constexpr (FMT == AUTO) {
       // 3+ stages: the copies of tile it are issued before tile it-1 is released (two tiles in
       // flight). With 2 stages that would deadlock: a consumer releases tile it-2 only after it

@@ -16,9 +16,11 @@
 #                                      to what the deadline leaves
 #   BENCH_ENV='KVLAB_BENCH_PREFILL_VARIANTS=wgmma'   extra environment for every bench
 #   SANITIZE=1                         scripts/sanitize.sh (every kernel, 4 tools) alongside TESTS
-#   PROFILE_PREFILL='int4_per_token_head auto'   Nsight Compute over one wgmma prefill launch per
-#                                      format (scripts/profile_prefill.py), after the benches: the
-#                                      details page, raw metrics and the per-SASS-line stall samples
+#   PROFILE_PREFILL='int4_per_token_head auto nvfp4@-DKVLAB_WGMMA_ROWGROUP'   Nsight Compute over one
+#                                      wgmma prefill launch per entry (scripts/profile_prefill.py; FORMAT
+#                                      or FORMAT@OPTIONS, options comma-separated), after the benches:
+#                                      the details page, raw metrics and the per-SASS-line stall
+#                                      samples (PROFILE_LEAN=1: a few sections and the L1 breakdown)
 #   PROFILE_DECODE='int4_per_token_head:32:8192:paged int4_per_token_head:1:131072:per_head'
 #                                      Nsight Compute over one decode launch per case
 #                                      (scripts/profile_decode.py FORMAT:B:CTX:VARIANT), after the benches
@@ -102,16 +104,32 @@ ncu_pages() {
   "$NCU" --import "$1.ncu-rep" --page raw --csv > "$1_raw.csv" 2>&1
   "$NCU" --import "$1.ncu-rep" --page source --csv --print-source sass > "$1_source.csv" 2>&1
 }
+# PROFILE_PREFILL entries: FORMAT or FORMAT@OPTIONS (comma-separated -D options of that build, e.g.
+# nvfp4@-DKVLAB_WGMMA_ROWGROUP); PROFILE_LEAN=1 collects the L1 data-pipe breakdown, the warp states
+# and the per-SASS-line stall samples only (a few passes instead of --set full's ~38).
+LEAN_METRICS=l1tex__data_pipe_lsu_wavefronts.sum,l1tex__data_pipe_lsu_wavefronts.avg.pct_of_peak_sustained_elapsed,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared.sum,l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum,\
+l1tex__data_pipe_lsu_wavefronts_mem_shared_op_st.sum,l1tex__t_output_wavefronts_pipe_lsu_mem_global_op_ld.sum,\
+l1tex__t_sectors_pipe_lsu_mem_global_op_ld.sum,sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed,\
+smsp__sass_inst_executed_op_shared_gmma.sum,smsp__sass_inst_executed_op_shared_ld.sum,smsp__sass_inst_executed_op_shared_st.sum,\
+smsp__inst_executed.sum,smsp__issue_active.avg.pct_of_peak_sustained_active,sm__inst_executed.avg.per_cycle_active
 for pf in ${PROFILE_PREFILL:-}; do
   [ "$(left)" -gt 60 ] || { echo "profile $pf: not started (deadline)"; continue; }
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
   [ -n "$NCU" ] || { echo "ncu not found"; break; }
-  lim=$(left); lim=$(( lim - 20 )); rep="$OUT/ncu_prefill_$pf"
-  timeout "$lim" "$NCU" --clock-control none --set full --import-source yes --export "$rep" --force-overwrite \
-    -k regex:paged_attention_prefill_wgmma -c 1 python3 scripts/profile_prefill.py "$pf" wgmma > "$rep.txt" 2>&1
+  fmt=${pf%%@*}; popts=""; tag=$fmt
+  case "$pf" in *@*) popts=$(tr ',' ' ' <<< "${pf#*@}"); tag="${fmt}_$(tr -cd 'A-Za-z0-9_' <<< "${pf#*@}" | sed 's/DKVLAB_WGMMA_//g')";; esac
+  if [ -n "${PROFILE_LEAN:-}" ]; then
+    sets=(--section SpeedOfLight --section WarpStateStats --section SourceCounters --section SchedulerStats --metrics "$LEAN_METRICS")
+  else
+    sets=(--set full)
+  fi
+  lim=$(left); lim=$(( lim - 20 )); rep="$OUT/ncu_prefill_$tag"
+  KVLAB_NVRTC_OPTIONS="$popts" timeout "$lim" "$NCU" --clock-control none "${sets[@]}" --import-source yes --export "$rep" --force-overwrite \
+    -k regex:paged_attention_prefill_wgmma -c 1 python3 scripts/profile_prefill.py "$fmt" wgmma > "$rep.txt" 2>&1
   ncu_pages "$rep"
   echo "prefill profile $pf done [$(el) s]"
-  grep -E "^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput)" "$rep.txt" | head -6
+  grep -E "^ +(Duration|Registers Per|Issue Slots Busy|No Eligible|Compute \(SM\) Throughput|L1/TEX Cache Throughput)" "$rep.txt" | head -6
 done
 if [ -n "${PROFILE_DECODE:-}" ] && [ "$(left)" -gt 60 ]; then
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)

@@ -113,12 +113,15 @@ def _wgmma_sass(exprs):
                                      "-DKVLAB_WGMMA_WS_NO_PINGPONG", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
                                      "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD -DKVLAB_WGMMA_WS_STAGES=2",
                                      "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
-                                     "-DKVLAB_WGMMA_SCALES_CF",
+                                     "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF",
                                      "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
-    producer two tiles ahead since session 9) and its switches (-DKVLAB_WGMMA_NO_PRODUCER_AHEAD: the
-    old one-tile producer; -DKVLAB_WGMMA_PRODUCER_AHEAD names the default): every instantiation
+    producer two tiles ahead since session 9, row-group loads for int4 and auto and the conflict-free
+    scale order since session 13) and its switches (-DKVLAB_WGMMA_NO_PRODUCER_AHEAD: the old one-tile
+    producer; -DKVLAB_WGMMA_PRODUCER_AHEAD names the default; -DKVLAB_WGMMA_ROWGROUP /
+    -DKVLAB_WGMMA_NO_ROWGROUP: row-group loads for every format / none; -DKVLAB_WGMMA_NO_SCALES_CF:
+    the old scale order): every instantiation
     compiles for sm_90a with no spills and no stack, at exactly the 168 registers
     __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
     producer/consumer counts are computed from 168)."""
@@ -171,8 +174,8 @@ def _assert_register_split(f, fmt, d, ahead):
     assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
 
 
-@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
-                                     "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_SCALES_CF"])
+@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
+                                     "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF"])
 def test_wgmma_prefill_sass(monkeypatch, options):
     """The default build and -DKVLAB_WGMMA_NO_PRODUCER_AHEAD really issue warpgroup MMAs: no ptxas
     warning (wgmma serialised: C7518/C7510; setmaxnreg ignored), the register moves are in the
@@ -220,9 +223,10 @@ def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
             continue
         producer = f[f.index("USETMAXREG.DEALLOC"):]  # the producer's code follows the consumers'
         ldg_before = len(re.findall(r"LDG\.E[^;]*;", producer[:producer.index("SYNCS.PHASECHK")]))
-        # raw loads of one set: int8 / fp8 2 * d/8 words + 2 parameter words, int4 2 * d/16 + 2
-        # (LDG.32: rows are 4-byte aligned), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes
-        per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 2, 4: 2 * (d // 64) + 2 * (d // 32)}[fmt]
+        # raw loads of one set: int8 / fp8 2 * d/8 words + 2 parameter words, int4 2 * d/16 + 4
+        # (LDG.32: rows are 4-byte aligned; row-group loads, the default for int4: two rows per lane,
+        # two parameter words per side), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes
+        per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 4, 4: 2 * (d // 64) + 2 * (d // 32)}[fmt]
         if ahead:
             assert ldg_before >= 2 * per_set, (fmt, d, ldg_before)
             assert producer.count("SYNCS.PHASECHK") >= 2 and producer.count("SYNCS.ARRIVE.TRANS64") >= 2, (fmt, d)
@@ -238,6 +242,17 @@ def test_wgmma_prefill_producer_ahead_switches_exclude_each_other(monkeypatch):
     from kvlab.cuda import attention  # noqa: F401
 
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_WGMMA_PRODUCER_AHEAD -DKVLAB_WGMMA_NO_PRODUCER_AHEAD")
+    with pytest.raises(compiler.CompileException, match="exclude each other"):
+        loader.compile_family_offline("paged_prefill_wgmma")
+
+
+def test_wgmma_prefill_rowgroup_switches_exclude_each_other(monkeypatch):
+    """-DKVLAB_WGMMA_ROWGROUP (every format) with -DKVLAB_WGMMA_NO_ROWGROUP (none) is an #error."""
+    from cupy.cuda import compiler
+
+    from kvlab.cuda import attention  # noqa: F401
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_NO_ROWGROUP")
     with pytest.raises(compiler.CompileException, match="exclude each other"):
         loader.compile_family_offline("paged_prefill_wgmma")
 
