@@ -8,8 +8,10 @@
 // Warp-specialised (since session 7; the session-6 kernel, two warpgroups that decoded and
 // multiplied in lock-step, measured 19 % slower and is in git history). CTA = 3 warpgroups (384
 // threads), one work item = 128 query rows of one sequence and one KV head:
-//   * warpgroup 0 = producer (setmaxnreg.dec): 2 threads per token (half rows, PfTileLoader with
-//     PARTS = 2) load the raw cache bytes of tile i and decode them into stage i % NS of a ring of
+//   * warpgroup 0 = producer (setmaxnreg.dec): int8/fp8/nvfp4: 2 threads per token (half rows,
+//     PfTileLoader with PARTS = 2); int4/auto: row groups (PfRowGroupLoader: a lane owns 2 tokens,
+//     a quarter of each row; ws_rowgroup) load the raw cache bytes of tile i (2 or 3 tiles ahead:
+//     ws_raw_sets) and decode them into stage i % NS of a ring of
 //     WS_NS shared-memory stages (K tile, V tile, per-token scales); auto: cp.async copies. Then
 //     fence.proxy.async (the st.shared / cp.async writes are generic-proxy writes that wgmma reads
 //     through the async proxy) and an arrive on full[s] (count 128, release).
@@ -25,7 +27,10 @@
 //     barriers see the same number of bar.sync and bar.arrive.
 // Compile switches (KVLAB_NVRTC_OPTIONS; attention.py's prefill_geometry reads the first for the
 // launch): -DKVLAB_WGMMA_WS_STAGES=2..4 (ring stages, default 4), -DKVLAB_WGMMA_WS_NO_PINGPONG,
-// -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (below).
+// -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (below); session 13 (docs/perf-notes.md "Session 13"):
+// -DKVLAB_WGMMA_ROWGROUP / -DKVLAB_WGMMA_NO_ROWGROUP (row-group loads for every format / none),
+// -DKVLAB_WGMMA_RAW_SETS=2|3 (raw register sets of every raw-loading format),
+// -DKVLAB_WGMMA_NO_SCALES_CF (the per-token scale order before session 13; prefill_common.cuh).
 // Producer ahead (KVLAB_WGMMA_PRODUCER_AHEAD, the default since session 9): for int4/int8/fp8/nvfp4
 // each producer thread keeps two tiles of raw loads in flight (a second raw register set, the loop
 // unrolled by two; producer 80 / 104 registers, consumers 208 / 200; no shared-memory change;
@@ -99,6 +104,25 @@ constexpr int WS_THREADS = 384;                 // 1 producer + 2 consumer warpg
 constexpr int WS_CW = 8;                        // consumer warps
 static_assert(WS_NS >= 2 && WS_NS <= 4, "KVLAB_WGMMA_WS_STAGES: 2 .. 4 stages");
 
+// Which producer loader a format uses (prefill_common.cuh). PfRowGroupLoader reads 16-32
+// consecutive bytes of 8 rows per load instruction instead of 4 bytes of 32 rows (Nsight Compute,
+// session 8: the producer's loads were 730 of the 2,980 L1 data-pipe wavefronts per int4 tile).
+// Measured on the H200 in session 13 (4k causal 32/8 d = 128, same call, docs/perf-notes.md
+// "Session 13"): int4 -6.5 %, auto -9.7 %, fp8 -2.9 % (none on top of the scale order below),
+// int8 +4 %, nvfp4 +9 %. So it is the default for int4 and auto only; -DKVLAB_WGMMA_ROWGROUP
+// takes it for every format, -DKVLAB_WGMMA_NO_ROWGROUP for none (A/B).
+template <int FMT>
+constexpr bool ws_rowgroup() {
+#if defined(KVLAB_WGMMA_ROWGROUP)
+  return true;
+#elif defined(KVLAB_WGMMA_NO_ROWGROUP)
+  return false;
+#else
+  return FMT == kvlab::attn::INT4 || FMT == kvlab::attn::AUTO;
+#endif
+}
+template <bool B, class A, class C> struct PickType { using type = A; };
+template <class A, class C> struct PickType<false, A, C> { using type = C; };
 // Registers per thread after setmaxnreg (multiples of 8 in 24 .. 256). setmaxnreg moves registers
 // inside the CTA's pool, which is what the launch allotted: 384 threads x WS_LAUNCH_REGS
 // (__launch_bounds__(384, 1) caps ptxas at 65,536 / 384 -> 168; tests/test_kernels_compile.py
@@ -111,11 +135,35 @@ static_assert(WS_NS >= 2 && WS_NS <= 4, "KVLAB_WGMMA_WS_STAGES: 2 .. 4 stages");
 // rows (int8/fp8 at d = 128: 32 words, otherwise <= 16) and ptxas fits its code into 56 / 72
 // (SASS: R0 .. R63 for int8 at d = 128, R0 .. R52 for nvfp4), consumers 224 / 216.
 constexpr int WS_LAUNCH_REGS = 168;
+// Raw register sets of the producer (tiles of raw loads in flight per thread, the loop unrolled
+// by that many): 2 by default ("producer ahead", session 9); 3 for nvfp4, int8 and fp8 since
+// session 13, whose consumers waited on the producer (Nsight Compute, session 13: the consumers'
+// full-barrier wait held 16 % of all stall samples for nvfp4 and int8, 1.4 % for int4; the
+// producer's first use of its raw loads another 16 %: with two sets a load has one tile period to
+// land). -DKVLAB_WGMMA_RAW_SETS=2|3 sets it for every raw-loading format (A/B).
+template <int FMT>
+constexpr int ws_raw_sets() {
+#if defined(KVLAB_WGMMA_RAW_SETS)
+  return FMT == kvlab::attn::AUTO ? 2 : KVLAB_WGMMA_RAW_SETS;
+#else
+  return (FMT == kvlab::attn::NVFP4 || FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8) ? 3 : 2;
+#endif
+}
 #if defined(KVLAB_WGMMA_PRODUCER_AHEAD)
+// Producer registers: the raw sets (int4 / nvfp4 at d = 128: 18 words per set, 20 with row-group
+// loads; int8 / fp8: 34) plus ~40 for addresses and loop state. The device's NVRTC 13.0 spilled a
+// few producer registers of the row-group int4 build at 80 (session 13 profile: STL/LDL in the
+// producer loop), so row-group builds get 88, which costs the consumers nothing:
+// ((3·168 − 88) / 2) & ~7 = 208 as at 80. Three sets: nvfp4 104 (consumers 200; their code needs
+// R0 .. R146), int8 / fp8 136 at d = 128 (consumers 184; need R0 .. R162).
 template <int FMT, int D>
 constexpr int ws_producer_regs() {
-  return FMT == kvlab::attn::AUTO ? 56
-         : (D == 128 && (FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8)) ? 104 : 80;
+  using namespace kvlab::attn;
+  if (FMT == AUTO) return 56;
+  const bool wide = D == 128 && (FMT == INT8 || FMT == FP8);
+  if (ws_raw_sets<FMT>() == 3) return wide ? 136 : 104;
+  if (ws_rowgroup<FMT>()) return wide ? 112 : 88;
+  return wide ? 104 : 80;
 }
 #else
 template <int FMT, int D>
@@ -142,25 +190,6 @@ template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
-// Which producer loader a format uses (prefill_common.cuh). PfRowGroupLoader reads 16-32
-// consecutive bytes of 8 rows per load instruction instead of 4 bytes of 32 rows (Nsight Compute,
-// session 8: the producer's loads were 730 of the 2,980 L1 data-pipe wavefronts per int4 tile).
-// Measured on the H200 in session 13 (4k causal 32/8 d = 128, same call, docs/perf-notes.md
-// "Session 13"): int4 -6.5 %, auto -9.7 %, fp8 -2.9 % (none on top of the scale order below),
-// int8 +4 %, nvfp4 +9 %. So it is the default for int4 and auto only; -DKVLAB_WGMMA_ROWGROUP
-// takes it for every format, -DKVLAB_WGMMA_NO_ROWGROUP for none (A/B).
-template <int FMT>
-constexpr bool ws_rowgroup() {
-#if defined(KVLAB_WGMMA_ROWGROUP)
-  return true;
-#elif defined(KVLAB_WGMMA_NO_ROWGROUP)
-  return false;
-#else
-  return FMT == kvlab::attn::INT4 || FMT == kvlab::attn::AUTO;
-#endif
-}
-template <bool B, class A, class C> struct PickType { using type = A; };
-template <class A, class C> struct PickType<false, A, C> { using type = C; };
 constexpr int WS_BAR_Q = 1;      // consumers: query rows staged (256 threads)
 constexpr int WS_BAR_TURN = 2;   // + consumer warpgroup (0, 1): its turn to issue wgmma (256)
 constexpr int WS_BAR_EPI = 4;    // consumers: the epilogue's two barriers (256; not __syncthreads,
@@ -299,6 +328,38 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       // two so that no register moves between the sets). The raw bytes of tile it+2 are loaded
       // right after tile it is stored, while tile it+1's are still in flight; block ids are loaded
       // a tile ahead of their raw loads, as in the NO_ build. Tiles 0 and 1 leave together.
+      if constexpr (ws_raw_sets<FMT>() == 3) {
+        // three raw sets (ws_raw_sets): set j holds the tiles it ≡ j (mod 3); the raw bytes of tile
+        // it+3 are loaded right after tile it is stored, so they have two tile periods to land
+        Loader l1 = ld, l2 = ld;
+        int blk = 0;
+        if (ntiles > 0) {
+          const int b0 = ld.block_of(lo);
+          const int b1 = ntiles > 1 ? ld.block_of(lo + WG_KT) : 0;
+          const int b2 = ntiles > 2 ? ld.block_of(lo + 2 * WG_KT) : 0;
+          ld.load_raw(lo, b0);
+          if (ntiles > 1) l1.load_raw(lo + WG_KT, b1);
+          if (ntiles > 2) l2.load_raw(lo + 2 * WG_KT, b2);
+          if (ntiles > 3) blk = ld.block_of(lo + 3 * WG_KT);
+        }
+        auto step = [&](Loader& lx, int t) {
+          const int s = t % WS_NS;
+          mbar_wait(&empty_bar[s], ((t / WS_NS) & 1) ^ 1);
+          lx.template store_tile<true>(stage_k(s), stage_v(s), stage_par(s));
+          wg::fence_proxy_async();
+          mbar_arrive(&full_bar[s]);
+          if (t + 3 < ntiles) {
+            lx.load_raw(lo + (t + 3) * WG_KT, blk);
+            blk = t + 4 < ntiles ? ld.block_of(lo + (t + 4) * WG_KT) : 0;
+          }
+        };
+#pragma unroll 1
+        for (int it = 0; it < ntiles; it += 3) {
+          step(ld, it);
+          if (it + 1 < ntiles) step(l1, it + 1);
+          if (it + 2 < ntiles) step(l2, it + 2);
+        }
+      } else {
       Loader lb = ld;
       int blk = 0;
       if (ntiles > 0) {
@@ -333,6 +394,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
             blk = it + 4 < ntiles ? ld.block_of(p0 + 4 * WG_KT) : 0;
           }
         }
+      }
       }
 #else
       // -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (the default until session 9): one tile of raw loads in

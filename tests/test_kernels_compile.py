@@ -136,13 +136,37 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     assert not bad, f"paged_prefill_wgmma {options}: {bad}"
 
 
-def _wgmma_producer_regs(fmt: int, d: int, ahead: bool) -> int:
+def _wgmma_raw_sets(fmt: int, options: str) -> int:
+    """Raw register sets of the producer (kernels_cu/paged_prefill_wgmma.cu: ws_raw_sets): 3 for nvfp4,
+    int8 and fp8 since session 13, 2 for int4; -DKVLAB_WGMMA_RAW_SETS=N for every raw-loading format."""
+    m = re.search(r"KVLAB_WGMMA_RAW_SETS=(\d)", options)
+    if m:
+        return int(m.group(1))
+    return 3 if fmt in (1, 2, 4) else 2
+
+
+def _wgmma_rowgroup(fmt: int, options: str) -> bool:
+    """Row-group producer loads (ws_rowgroup): int4 and auto by default."""
+    if "NO_ROWGROUP" in options:
+        return False
+    return "KVLAB_WGMMA_ROWGROUP" in options or fmt in (0, 3)
+
+
+def _wgmma_producer_regs(fmt: int, d: int, ahead: bool, options: str = "") -> int:
     """setmaxnreg of the producer warpgroup (kernels_cu/paged_prefill_wgmma.cu: ws_producer_regs):
-    two raw register sets (the default) 80, 104 for int8/fp8 at d = 128, auto 56 (cp.async, no raw
-    registers); -DKVLAB_WGMMA_NO_PRODUCER_AHEAD 56, 72 for int8/fp8 at d = 128."""
-    if ahead:
-        return 56 if fmt == 0 else 104 if (d == 128 and fmt in (1, 2)) else 80
-    return 72 if (d == 128 and fmt in (1, 2)) else 56
+    auto 56 (cp.async, no raw registers); two raw sets 80, 104 for int8/fp8 at d = 128 (88 / 112 with
+    row-group loads, the default for int4); three sets (nvfp4, int8, fp8 by default) 104, 136 for
+    int8/fp8 at d = 128; -DKVLAB_WGMMA_NO_PRODUCER_AHEAD 56, 72 for int8/fp8 at d = 128."""
+    wide = d == 128 and fmt in (1, 2)
+    if not ahead:
+        return 72 if wide else 56
+    if fmt == 0:
+        return 56
+    if _wgmma_raw_sets(fmt, options) == 3:
+        return 136 if wide else 104
+    if _wgmma_rowgroup(fmt, options):
+        return 112 if wide else 88
+    return 104 if wide else 80
 
 
 def _wgmma_sass_functions(monkeypatch, options, bad_log):
@@ -167,9 +191,9 @@ def _wgmma_sass_functions(monkeypatch, options, bad_log):
     return out
 
 
-def _assert_register_split(f, fmt, d, ahead):
+def _assert_register_split(f, fmt, d, ahead, options=""):
     """The producer's setmaxnreg (_wgmma_producer_regs) and the consumers' share of the 3 · 168 pool."""
-    prod = _wgmma_producer_regs(fmt, d, ahead)
+    prod = _wgmma_producer_regs(fmt, d, ahead, options)
     assert f"USETMAXREG.DEALLOC.CTAPOOL {hex(prod)}" in f, (fmt, d)
     assert f"USETMAXREG.TRY_ALLOC.CTAPOOL UP0, {hex(((3 * 168 - prod) // 2) & ~7)}" in f, (fmt, d)
 
@@ -188,7 +212,7 @@ def test_wgmma_prefill_sass(monkeypatch, options):
     80 descriptor words there per loop body)."""
     bad_log = ("C7518", "C7510", "serialized", "setmaxnreg", "arning")
     for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, bad_log):
-        _assert_register_split(f, fmt, d, ahead="NO_PRODUCER_AHEAD" not in options)
+        _assert_register_split(f, fmt, d, ahead="NO_PRODUCER_AHEAD" not in options, options=options)
         hg = re.findall(r"HGMMA\.(64x\d+x16)\.F32[^;]*;", f)
         pv = [h for h in re.findall(r"HGMMA\.64x\d+x16\.F32[^;]*;", f) if ".tnspB" in h]
         # P·V (B = V transposed, n = d) + S (n = 64 tokens) in the P·V + S and the P·V-only
@@ -205,7 +229,8 @@ def test_wgmma_prefill_sass(monkeypatch, options):
         assert r2ur == 0 if d == 128 else r2ur <= 24, (fmt, d, r2ur)
 
 
-@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
+@pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
+                                     "-DKVLAB_WGMMA_RAW_SETS=2", "-DKVLAB_WGMMA_RAW_SETS=3"])
 def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
     """Producer ahead (the default since session 9, also named by -DKVLAB_WGMMA_PRODUCER_AHEAD;
     docs/notes-prefill-wgmma.md, "Session 9 candidate" and "Session 9: measured on the H200"): no
@@ -218,7 +243,7 @@ def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
     ahead = "NO_PRODUCER_AHEAD" not in options
     bad_log = ("C7518", "C7510", "C7515", "serialized", "setmaxnreg", "arning")
     for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, bad_log):
-        _assert_register_split(f, fmt, d, ahead)
+        _assert_register_split(f, fmt, d, ahead, options)
         if fmt == 0:
             continue
         producer = f[f.index("USETMAXREG.DEALLOC"):]  # the producer's code follows the consumers'
@@ -228,7 +253,8 @@ def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
         # two parameter words per side), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes
         per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 4, 4: 2 * (d // 64) + 2 * (d // 32)}[fmt]
         if ahead:
-            assert ldg_before >= 2 * per_set, (fmt, d, ldg_before)
+            sets = _wgmma_raw_sets(fmt, options)
+            assert sets * per_set <= ldg_before < (sets + 1) * per_set, (fmt, d, sets, ldg_before)
             assert producer.count("SYNCS.PHASECHK") >= 2 and producer.count("SYNCS.ARRIVE.TRANS64") >= 2, (fmt, d)
         else:
             assert per_set <= ldg_before < 2 * per_set, (fmt, d, ldg_before)
