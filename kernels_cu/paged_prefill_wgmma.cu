@@ -10,7 +10,7 @@
 // threads), one work item = 128 query rows of one sequence and one KV head:
 //   * warpgroup 0 = producer (setmaxnreg.dec): int8/fp8/nvfp4: 2 threads per token (half rows,
 //     PfTileLoader with PARTS = 2); int4/auto: row groups (PfRowGroupLoader: a lane owns 2 tokens,
-//     a quarter of each row; ws_rowgroup) load the raw cache bytes of tile i (2 or 3 tiles ahead:
+//     a quarter of each row; ws_rowgroup) load the raw cache bytes of tile i (2 tiles ahead:
 //     ws_raw_sets) and decode them into stage i % NS of a ring of
 //     WS_NS shared-memory stages (K tile, V tile, per-token scales); auto: cp.async copies. Then
 //     fence.proxy.async (the st.shared / cp.async writes are generic-proxy writes that wgmma reads
@@ -136,17 +136,18 @@ template <class A, class C> struct PickType<false, A, C> { using type = C; };
 // (SASS: R0 .. R63 for int8 at d = 128, R0 .. R52 for nvfp4), consumers 224 / 216.
 constexpr int WS_LAUNCH_REGS = 168;
 // Raw register sets of the producer (tiles of raw loads in flight per thread, the loop unrolled
-// by that many): 2 by default ("producer ahead", session 9); 3 for nvfp4, int8 and fp8 since
-// session 13, whose consumers waited on the producer (Nsight Compute, session 13: the consumers'
-// full-barrier wait held 16 % of all stall samples for nvfp4 and int8, 1.4 % for int4; the
-// producer's first use of its raw loads another 16 %: with two sets a load has one tile period to
-// land). -DKVLAB_WGMMA_RAW_SETS=2|3 sets it for every raw-loading format (A/B).
+// by that many): 2 ("producer ahead", session 9). -DKVLAB_WGMMA_RAW_SETS=3 (every raw-loading
+// format; measured, not adopted): the raw loads of tile it+3 right after tile it is stored. Tried
+// in session 13 because the consumers of nvfp4 and int8 waited on the producer (Nsight Compute:
+// their full-barrier wait held 16 % of all stall samples, 1.4 % for int4; the producer's first use
+// of its raw loads another 16 %); measured in the same call against two sets: nvfp4 +1 %, int8
+// +1.5 %, fp8 +0.7 % (docs/perf-notes.md "Session 13", call 3).
 template <int FMT>
 constexpr int ws_raw_sets() {
 #if defined(KVLAB_WGMMA_RAW_SETS)
   return FMT == kvlab::attn::AUTO ? 2 : KVLAB_WGMMA_RAW_SETS;
 #else
-  return (FMT == kvlab::attn::NVFP4 || FMT == kvlab::attn::INT8 || FMT == kvlab::attn::FP8) ? 3 : 2;
+  return 2;
 #endif
 }
 #if defined(KVLAB_WGMMA_PRODUCER_AHEAD)
@@ -154,8 +155,9 @@ constexpr int ws_raw_sets() {
 // loads; int8 / fp8: 34) plus ~40 for addresses and loop state. The device's NVRTC 13.0 spilled a
 // few producer registers of the row-group int4 build at 80 (session 13 profile: STL/LDL in the
 // producer loop), so row-group builds get 88, which costs the consumers nothing:
-// ((3·168 − 88) / 2) & ~7 = 208 as at 80. Three sets: nvfp4 104 (consumers 200; their code needs
-// R0 .. R146), int8 / fp8 136 at d = 128 (consumers 184; need R0 .. R162).
+// ((3·168 − 88) / 2) & ~7 = 208 as at 80 (measured in session 13, call 3: int4 0.4227 → 0.4145 ms).
+// Three sets (-DKVLAB_WGMMA_RAW_SETS=3): int4 / nvfp4 104 (consumers 200; their code needs up to
+// R0 .. R192), int8 / fp8 136 at d = 128 (consumers 184; need R0 .. R162).
 template <int FMT, int D>
 constexpr int ws_producer_regs() {
   using namespace kvlab::attn;
@@ -329,7 +331,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       // right after tile it is stored, while tile it+1's are still in flight; block ids are loaded
       // a tile ahead of their raw loads, as in the NO_ build. Tiles 0 and 1 leave together.
       if constexpr (ws_raw_sets<FMT>() == 3) {
-        // three raw sets (ws_raw_sets): set j holds the tiles it ≡ j (mod 3); the raw bytes of tile
+        // three raw sets (-DKVLAB_WGMMA_RAW_SETS=3): set j holds the tiles it ≡ j (mod 3); the raw bytes of tile
         // it+3 are loaded right after tile it is stored, so they have two tile periods to land
         Loader l1 = ld, l2 = ld;
         int blk = 0;

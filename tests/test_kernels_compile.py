@@ -114,7 +114,8 @@ def _wgmma_sass(exprs):
                                      "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD -DKVLAB_WGMMA_WS_STAGES=2",
                                      "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
                                      "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF",
-                                     "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_NO_PRODUCER_AHEAD"])
+                                     "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
+                                     "-DKVLAB_WGMMA_RAW_SETS=3"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
     producer two tiles ahead since session 9, row-group loads for int4 and auto and the conflict-free
@@ -137,12 +138,10 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
 
 
 def _wgmma_raw_sets(fmt: int, options: str) -> int:
-    """Raw register sets of the producer (kernels_cu/paged_prefill_wgmma.cu: ws_raw_sets): 3 for nvfp4,
-    int8 and fp8 since session 13, 2 for int4; -DKVLAB_WGMMA_RAW_SETS=N for every raw-loading format."""
+    """Raw register sets of the producer (kernels_cu/paged_prefill_wgmma.cu: ws_raw_sets): 2;
+    -DKVLAB_WGMMA_RAW_SETS=N for every raw-loading format (3: measured in session 13, not adopted)."""
     m = re.search(r"KVLAB_WGMMA_RAW_SETS=(\d)", options)
-    if m:
-        return int(m.group(1))
-    return 3 if fmt in (1, 2, 4) else 2
+    return int(m.group(1)) if m and fmt != 0 else 2
 
 
 def _wgmma_rowgroup(fmt: int, options: str) -> bool:
@@ -155,7 +154,7 @@ def _wgmma_rowgroup(fmt: int, options: str) -> bool:
 def _wgmma_producer_regs(fmt: int, d: int, ahead: bool, options: str = "") -> int:
     """setmaxnreg of the producer warpgroup (kernels_cu/paged_prefill_wgmma.cu: ws_producer_regs):
     auto 56 (cp.async, no raw registers); two raw sets 80, 104 for int8/fp8 at d = 128 (88 / 112 with
-    row-group loads, the default for int4); three sets (nvfp4, int8, fp8 by default) 104, 136 for
+    row-group loads, the default for int4); three sets (-DKVLAB_WGMMA_RAW_SETS=3) 104, 136 for
     int8/fp8 at d = 128; -DKVLAB_WGMMA_NO_PRODUCER_AHEAD 56, 72 for int8/fp8 at d = 128."""
     wide = d == 128 and fmt in (1, 2)
     if not ahead:
