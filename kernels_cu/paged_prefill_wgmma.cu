@@ -237,6 +237,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                 "setmaxnreg: the consumers get no more than the producer released");
   static_assert(ws_producer_regs<FMT, D>() % 8 == 0 && ws_consumer_regs<FMT, D>() % 8 == 0 &&
                 ws_producer_regs<FMT, D>() >= 24 && ws_consumer_regs<FMT, D>() <= 256, "setmaxnreg operands");
+  static_assert(!pf_v_prescaled<FMT>() || ws_rowgroup<FMT>(), "-DKVLAB_WGMMA_V_PRESCALE: row-group loads");
   using Loader = typename PickType<ws_rowgroup<FMT>(), PfRowGroupLoader<FMT, D, T, PfCore<D>>,
                                    PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, 2>>::type;
 
@@ -544,7 +545,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
 #pragma unroll
         for (int kc = 0; kc < PC; ++kc)
-          pf_p_operand_perm<TOKSC, CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0, nm1, l0, l1);
+          pf_p_operand_perm<TOKSC && !pf_v_prescaled<FMT>(), CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0,
+                                                                           nm1, l0, l1);
       }
       pact = sact;
       pso = so;

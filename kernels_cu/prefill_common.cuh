@@ -84,6 +84,10 @@ __device__ __forceinline__ uint32_t hsub2_bf(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
 }
+__device__ __forceinline__ uint32_t hmul2_bf(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
 
 // ---------------------------------------------------------------- unit decode
 // One 8-dim unit of a K (ISV = false) or V (ISV = true) row -> 4 words of 16-bit pairs in the
@@ -168,6 +172,21 @@ struct PfPadded {
   static constexpr int UNIT = 8;
   static __device__ __forceinline__ int idx(int row, int dim) { return row * RS + dim; }  // in halves
 };
+
+// -DKVLAB_WGMMA_V_PRESCALE (int4, row-group loads; a candidate of session 13): the producer
+// stores V already multiplied by its per-token scale, (c − zp)·s_v rounded to bf16 (bf16 has
+// fp32's range: nothing overflows or flushes that the fp32 product would not), and the
+// consumers skip the V-scale loads and the per-P multiply: P' = P rounded to bf16. Numerics:
+// two bf16 roundings of each V element (the scale, the product) where the default rounds P·s_v
+// once and keeps V exact.
+template <int FMT>
+__host__ __device__ constexpr bool pf_v_prescaled() {
+#if defined(KVLAB_WGMMA_V_PRESCALE)
+  return FMT == INT4;
+#else
+  return false;
+#endif
+}
 
 // Per-token scales of a 64-token tile in the wgmma kernel's order ("PERM"): the consumer lane with
 // column pair c (lane % 4) needs the scales of tokens 8nt + 2c + e (nt = 0..7, e = 0, 1) and reads
@@ -443,6 +462,12 @@ struct PfRowGroupLoader {
           } else if constexpr (FMT == INT4) {
             ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
             vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
+#if defined(KVLAB_WGMMA_V_PRESCALE)
+            // V = (c − zp)·s_v in bf16 (pf_v_prescaled): one rounding of the scale, one of the product
+            const float vs = __uint_as_float(rvp[g] & ~0xFu);
+            const uint32_t s2 = pack_f2<__nv_bfloat16>(vs, vs);
+            vo.x = hmul2_bf(vo.x, s2); vo.y = hmul2_bf(vo.y, s2); vo.z = hmul2_bf(vo.z, s2); vo.w = hmul2_bf(vo.w, s2);
+#endif
           } else {
             ko = dec_unit<FMT, false>(rk[g][2 * k], rk[g][2 * k + 1], 0u);
             vo = dec_unit<FMT, true>(rv[g][2 * k], rv[g][2 * k + 1], 0u);
@@ -778,7 +803,8 @@ __device__ __forceinline__ void pf_p_operand(uint32_t (&pa)[4], const float (&s)
 
 // pf_p_operand with the per-token V scales in the PERM order of PfTileLoader::store_params (the
 // wgmma kernel's lean switch): k-chunk kc's four (tokens 16kc + 2c, +1, 16kc + 8 + 2c, +1) are
-// one 16-byte load at par + KT + 16c + 4kc. Same arithmetic as pf_p_operand.
+// one 16-byte load at par + KT + pf_par_off(c, kc). Same arithmetic as pf_p_operand. TOKSC = false:
+// no V scale (auto, nvfp4, and int4 under -DKVLAB_WGMMA_V_PRESCALE, whose V tile carries it).
 template <bool TOKSC, typename CTV, int NT, int KT>
 __device__ __forceinline__ void pf_p_operand_perm(uint32_t (&pa)[4], const float (&s)[NT][4], int kc,
                                                   const float* par, int c, float cs0, float cs1, float nm0,
