@@ -1,7 +1,8 @@
 """Every GPU kernel once, on small ragged shapes, for compute-sanitizer (scripts/sanitize.sh).
 
 Shapes include partially filled last blocks, the largest head size (512 for the write path and
-the Hadamard, 256 for attention), GQA, sliding windows, decode + prefill. Memory pools are off
+the Hadamard, 256 for attention), d = 128 with a three-tile prompt (the prefill kernels' ring),
+GQA, sliding windows, decode + prefill. Memory pools are off
 (PYTORCH_NO_CUDA_MEMORY_CACHING=1 set by the wrapper, CuPy's pool disabled here) so that every
 tensor is its own allocation and an out-of-bounds access cannot hide inside a pool block.
 """
@@ -49,9 +50,11 @@ def main() -> int:
         if name == "nvfp4":
             fmts.append(kvlab.get_format("nvfp4", swizzle_v_scales=True))
         for fmt in fmts:
-            for d, H, bs in ((64, 3, 16), (256, 2, 32), (512, 1, 16)):
+            for d, H, bs in ((64, 3, 16), (128, 2, 16), (256, 2, 32), (512, 1, 16)):
                 step(f"write/read {fmt.name} swizzle={getattr(fmt, 'swizzle_v_scales', False)} d={d} H={H} bs={bs}")
-                T = 2 * bs + 5                                   # last block partially filled
+                # last block partially filled; at d = 128 (the prefill kernels' main head size) a
+                # prompt of three 64-token tiles, so the producer/consumer ring turns over
+                T = (9 if d == 128 else 2) * bs + 5
                 nb = T // bs + 2
                 key = t(rng.standard_normal((T, H, d)), torch.bfloat16)
                 val = t(rng.standard_normal((T, H, d)), torch.bfloat16)
