@@ -14,6 +14,12 @@ descriptor the kernel builds, with the PTX ISA's canonical no-swizzle layout:
 LBO/SBO, k-step, warpgroup offset or buffer offset reads the wrong elements and fails here; the
 swapped LBO/SBO reading of the V operand must fail (the check can fail). The descriptor
 constants are read from the kernel source, so editing them there is what gets checked.
+
+Since session 13 also: the per-token scale order (``pf_par_pos`` / ``pf_par_off``) serves every
+consumer lane and costs one wavefront per 16-byte load phase (the old order two), and the
+row-group producer (``PfRowGroupLoader``) covers every unit of a tile once with conflict-free
+16-byte stores and 8-row load instructions; the formulas are read from
+``kernels_cu/prefill_common.cuh``.
 """
 from __future__ import annotations
 
@@ -194,3 +200,113 @@ def test_ws_smem_budget_matches_the_launch(monkeypatch, d, stages):
 def test_ws_descriptors_read_q_k_and_v(d, stage):
     """The consumers' descriptors of stage s (kdesc0/vdesc0 + (s·STAGE) >> 4, Q after the ring)."""
     check_descriptors(d, stage, ws_smem_map(d, 4))
+
+
+# ---------------------------------------------------------------- session 13: scale order, row groups
+def _source_expr(pattern, text):
+    """A C++ integer expression of the kernel source (``pattern`` has one group), as Python: the
+    operators it uses (+ * >> & ?:) mean the same on non-negative ints once ?: is rewritten."""
+    m = re.search(pattern, text, re.S)
+    assert m, pattern
+    e = m.group(1).strip()
+    tern = re.fullmatch(r"FMT == NVFP4 \? (.+) : (.+)", e)
+    if tern:
+        return f"(({tern.group(1)}) if nvfp4 else ({tern.group(2)}))"
+    return e
+
+
+def _scale_order_exprs():
+    """(pos, off) expressions of pf_par_pos / pf_par_off for the default and the
+    -DKVLAB_WGMMA_NO_SCALES_CF order, from kernels_cu/prefill_common.cuh."""
+    src = (loader.kernels_dir() / "prefill_common.cuh").read_text()
+    pos = re.search(r"constexpr int pf_par_pos\(int lt\) \{\n#if !defined\(KVLAB_WGMMA_NO_SCALES_CF\)\n"
+                    r"\s+return (.+?);\n#else\n\s+return (.+?);\n#endif", src)
+    off = re.search(r"constexpr int pf_par_off\(int c, int i\) \{\n#if !defined\(KVLAB_WGMMA_NO_SCALES_CF\)\n"
+                    r"\s+return (.+?);\n#else\n\s+return (.+?);\n#endif", src)
+    assert pos and off
+    return {"default": (pos.group(1), off.group(1)), "old": (pos.group(2), off.group(2))}
+
+
+def _phase_wavefronts(byte_addrs, width):
+    """Shared-memory wavefronts of one access phase: distinct ``width``-byte chunks are served
+    together unless two of them use the same bank (4-byte banks, 32 of them)."""
+    chunks = sorted(set(byte_addrs))
+    per_bank = {}
+    for a in chunks:
+        for b in range(a // 4, (a + width) // 4):
+            per_bank.setdefault(b % 32, set()).add(a)
+    return max(len(v) for v in per_bank.values())
+
+
+@pytest.mark.parametrize("order", ["default", "old"])
+def test_scale_order_serves_every_consumer_lane_and_the_default_is_conflict_free(order):
+    """pf_par_pos is a permutation of the 64 tokens of a tile; the consumer lane with column pair
+    c = lane % 4 finds, in its float4 i at pf_par_off(c, i), the scales of tokens 8nt + 2c + e for
+    (nt, e) = (2i, 0), (2i, 1), (2i+1, 0), (2i+1, 1) (the order pf_softmax_update_lazy and
+    pf_p_operand_perm multiply them in). The default order's 16-byte loads take one wavefront per
+    8-lane phase; the pre-session-13 order takes two (c = 0 and 2 on the same banks), which is
+    what the default removed (and shows that the bank check can fail). The row-group producer's
+    scale stores (8 lanes, tokens 16w + 8g + r) take one wavefront."""
+    pos_e, off_e = _scale_order_exprs()[order]
+    pos = [eval(pos_e, {"lt": lt}) for lt in range(KT)]  # noqa: S307 (the kernel's own expression)
+    assert sorted(pos) == list(range(KT))
+    for c in range(4):
+        for i in range(4):
+            base = eval(off_e, {"c": c, "i": i})  # noqa: S307
+            toks = [8 * nt + 2 * c + e for nt in (2 * i, 2 * i + 1) for e in (0, 1)]
+            assert [pos[t] for t in toks] == [base + j for j in range(4)], (order, c, i)
+    waves = {_phase_wavefronts([4 * eval(off_e, {"c": lane & 3, "i": i}) for lane in range(8)], 16)  # noqa: S307
+             for i in range(4)}
+    assert waves == ({1} if order == "default" else {2}), (order, waves)
+    if order == "default":
+        for w in range(4):
+            for g in range(2):
+                stores = [4 * pos[16 * w + 8 * g + r] for r in range(8)]
+                assert _phase_wavefronts(stores, 4) == 1, (w, g)
+
+
+def _rowgroup_model():
+    """Lane roles and unit choice of PfRowGroupLoader (kernels_cu/prefill_common.cuh), read from
+    the source: init (w, r, q from the thread index), unit(k) and the row of row group g."""
+    src = (loader.kernels_dir() / "prefill_common.cuh").read_text()
+    body = src[src.index("struct PfRowGroupLoader"):]
+    body = body[:body.index("\n};")]
+    init = re.search(r"void init\(int tid\) \{ w = (.+?); r = (.+?); q = (.+?); \}", body)
+    assert init
+    unit = _source_expr(r"int unit\(int k\) const \{ return (.+?); \}", body)
+    row = _source_expr(r"const int row = (16 \* w \+ 8 \* g \+ r);", body)
+    return init.groups(), unit, row
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("fmt", ["int4", "int8", "nvfp4", "auto"])
+def test_rowgroup_loader_covers_each_unit_once_with_conflict_free_stores(d, fmt):
+    """The 128 producer threads of PfRowGroupLoader cover every (token, 8-dim unit) of a 64-token
+    tile exactly once; each 16-byte store phase (8 lanes) writes one unit of 8 consecutive tokens,
+    i.e. one 128-byte core matrix of the wgmma layout (one wavefront); and each load instruction
+    reads 8 rows (4 lanes per row reading consecutive units: 16 bytes per row for int4, 32 for
+    int8 as two 4-byte loads, 64 for nvfp4 at d = 128, 64 for auto's 16-byte copies)."""
+    (w_e, r_e, q_e), unit_e, row_e = _rowgroup_model()
+    U = d // 8
+    UL = U // 4
+    nvfp4 = fmt == "nvfp4"
+    seen = {}
+    store_phases = {}
+    load_rows = {}
+    for tid in range(128):
+        w, r, q = (eval(e, {"tid": tid}) for e in (w_e, r_e, q_e))  # noqa: S307
+        for g in range(2):
+            row = eval(row_e, {"w": w, "g": g, "r": r})  # noqa: S307
+            for k in range(UL):
+                # auto copies units q + 4k (PfRowGroupLoader::copy), the others unit(k)
+                u = q + 4 * k if fmt == "auto" else eval(unit_e, {"q": q, "k": k, "UL": UL, "nvfp4": nvfp4})  # noqa: S307
+                assert 0 <= row < KT and 0 <= u < U
+                seen[(row, u)] = seen.get((row, u), 0) + 1
+                lane = tid & 31
+                store_phases.setdefault((w, g, k, lane // 8), []).append(core_off(row, 8 * u, d))
+                load_rows.setdefault((w, g, k), set()).add(row)
+    assert set(seen) == {(t, u) for t in range(KT) for u in range(U)} and set(seen.values()) == {1}
+    for key, addrs in store_phases.items():
+        assert len(addrs) == 8 and sorted(addrs) == list(range(min(addrs), min(addrs) + 128, 16)), key
+        assert min(addrs) % 128 == 0 and _phase_wavefronts(addrs, 16) == 1, key
+    assert {len(rows) for rows in load_rows.values()} == {8}
