@@ -200,10 +200,12 @@ def _assert_register_split(f, fmt, d, ahead, options=""):
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
                                      "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF"])
 def test_wgmma_prefill_sass(monkeypatch, options):
-    """The default build and -DKVLAB_WGMMA_NO_PRODUCER_AHEAD really issue warpgroup MMAs: no ptxas
+    """The default build, -DKVLAB_WGMMA_NO_PRODUCER_AHEAD, row-group loads for every format and the
+    session-12 build (no row groups, old scale order) really issue warpgroup MMAs: no ptxas
     warning (wgmma serialised: C7518/C7510; setmaxnreg ignored), the register moves are in the
-    SASS (default: producer 80 or 104, consumers 208 or 200, auto 56 / 224; NO_PRODUCER_AHEAD:
-    producer 56 or 72, consumers 224 or 216), every instantiation issues its HGMMAs (d = 128 per branch of the
+    SASS (_wgmma_producer_regs: default producer 80 or 104, 88 for int4's row-group loads, consumers
+    208 or 200, auto 56 / 224; NO_PRODUCER_AHEAD: producer 56 or 72, consumers 224 or 216), every
+    instantiation issues its HGMMAs (d = 128 per branch of the
     consumer loop: P·V + S, P·V only, S only), the mbarrier ring and the ping-pong handshakes are
     there, and the session-8 consumer loop (docs/notes-prefill-wgmma.md, "Session 8 candidate"):
     the lazy softmax's warp vote, and the wgmma descriptors built in uniform registers, i.e. no
@@ -233,12 +235,14 @@ def test_wgmma_prefill_sass(monkeypatch, options):
 def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
     """Producer ahead (the default since session 9, also named by -DKVLAB_WGMMA_PRODUCER_AHEAD;
     docs/notes-prefill-wgmma.md, "Session 9 candidate" and "Session 9: measured on the H200"): no
-    ptxas warning (wgmma serialised, setmaxnreg ignored); the register split is producer 80 / 104
-    (int8/fp8 at d = 128), consumers 208 / 200, auto keeps 56 / 224; every raw-loading format's
-    producer has two raw register sets in flight: its main loop waits on two empty barriers per
-    pass (the loop unrolled by two) and issues the raw loads of two tiles before its first wait
-    (tiles 0 and 1 leave together). -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (the old producer, for A/B):
-    56 / 72 and the raw loads of one tile only before the first wait."""
+    ptxas warning (wgmma serialised, setmaxnreg ignored); the register split of _wgmma_producer_regs
+    (producer 80 / 104 for int8/fp8 at d = 128, 88 for int4's row-group loads, auto 56); every
+    raw-loading format's producer has two raw register sets in flight: its main loop waits on two
+    empty barriers per pass (the loop unrolled by two) and issues the raw loads of two tiles before
+    its first wait (tiles 0 and 1 leave together). -DKVLAB_WGMMA_RAW_SETS=3 (session 13, not
+    adopted): three sets, the raw loads of three tiles before the first wait.
+    -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (the old producer, for A/B): 56 / 72 and the raw loads of one
+    tile only before the first wait."""
     ahead = "NO_PRODUCER_AHEAD" not in options
     bad_log = ("C7518", "C7510", "C7515", "serialized", "setmaxnreg", "arning")
     for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, bad_log):
