@@ -287,25 +287,18 @@ def test_kernel_source_uses_the_quad_lane_functions():
     assert "x[8 * u + unit_dim<FMT>(7)] * pre" in src
 
 
-def test_perm_scale_order_round_trip():
-    """PfTileLoader::store_params<PERM = true> writes token lt's scale at
-    16·((lt >> 1) & 3) + 2·(lt >> 3) + (lt & 1); the lean consumer lane with column pair c reads
-    par[16c + 4i .. +3] as (n-tile 2i: tokens 16i + 2c, +1; n-tile 2i + 1: tokens 16i + 8 + 2c, +1)
-    for the K scales (pf_softmax_update_lazy) and par[KT + 16c + 4kc ..] for k-chunk kc's V scales
-    (pf_p_operand_perm, the same four tokens): each reads exactly its fragment's tokens."""
-    kt = 64
-    par = [None] * kt
-    for lt in range(kt):
-        pos = ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1)
-        assert par[pos] is None
-        par[pos] = lt
-    for c in range(4):
-        for i in range(4):
-            got = par[16 * c + 4 * i: 16 * c + 4 * i + 4]
-            nt0, nt1 = 2 * i, 2 * i + 1
-            assert got == [8 * nt0 + 2 * c, 8 * nt0 + 2 * c + 1, 8 * nt1 + 2 * c, 8 * nt1 + 2 * c + 1]
+def test_perm_scale_order_call_sites():
+    """The per-token scale order ("PERM") is one pair of functions since session 13: the producers'
+    stores (PfTileLoader::store_params<PERM = true>, PfRowGroupLoader::store_tile) place token lt at
+    pf_par_pos(lt), the consumers' 16-byte loads (pf_softmax_update_lazy: K; pf_p_operand_perm: V)
+    start at pf_par_off(c, i). tests/test_prefill_wgmma_layout.py evaluates both orders of those
+    functions (default and -DKVLAB_WGMMA_NO_SCALES_CF, the order this test pinned until session
+    13): every consumer lane reads exactly its fragment's tokens, in the order it multiplies them.
+    Here: every call site goes through the two functions, none computes a position of its own."""
     from kvlab.cuda import loader
 
     src = (loader.kernels_dir() / "prefill_common.cuh").read_text()
-    assert "PERM ? ((lt >> 1) & 3) * 16 + (lt >> 3) * 2 + (lt & 1) : lt" in src
-    assert "par + 16 * c + 4 * i" in src and "par + KT + 16 * c + 4 * kc" in src
+    assert "const int pos = PERM ? pf_par_pos(lt) : lt;" in src
+    assert "const int pos = pf_par_pos(16 * w + 8 * g + r);" in src
+    assert "par + pf_par_off(c, i)" in src and "par + KT + pf_par_off(c, kc)" in src
+    assert "16 * c + 4 * i" not in src.replace("return 16 * c + 4 * i;", "")
