@@ -216,6 +216,21 @@ __host__ __device__ constexpr int pf_par_off(int c, int i) {
 #endif
 }
 
+// int4/int8/fp8: a row's K and V per-token scales from its parameter words (int4: the zero point
+// sits in the low 4 bits; fp8 V: times FP8_V_P, the 2^64 that P' carries, attention_common.cuh).
+// Both wgmma-kernel loaders.
+template <int FMT>
+__device__ __forceinline__ void pf_token_scales(uint32_t kp, uint32_t vp, float& ksc, float& vsc) {
+  if constexpr (FMT == INT4) {
+    ksc = __uint_as_float(kp & ~0xFu);
+    vsc = __uint_as_float(vp & ~0xFu);
+  } else if constexpr (FMT == INT8) {
+    ksc = __uint_as_float(kp); vsc = __uint_as_float(vp);
+  } else {
+    ksc = __uint_as_float(kp); vsc = __uint_as_float(vp) * FP8_V_P;
+  }
+}
+
 // The thread's part of a tile's decode: token lt = tid % KT of the tile, part `part` =
 // tid / KT of its K and V rows (D/PARTS dims each: quarters with 4·KT threads, halves with
 // 2·KT). Raw cache bytes of the next tile wait in
@@ -314,14 +329,7 @@ struct PfTileLoader {
     static_assert(!PERM || KT == 64, "PERM: 64-token tiles (8 n-tiles of 8 tokens)");
     if constexpr (TOKSC) {
       float ksc, vsc;
-      if constexpr (FMT == INT4) {
-        ksc = __uint_as_float(rkp & ~0xFu);
-        vsc = __uint_as_float(rvp & ~0xFu);
-      } else if constexpr (FMT == INT8) {
-        ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp);
-      } else {
-        ksc = __uint_as_float(rkp); vsc = __uint_as_float(rvp) * FP8_V_P;
-      }
+      pf_token_scales<FMT>(rkp, rvp, ksc, vsc);
       if (part == 0) {
         const int pos = PERM ? pf_par_pos(lt) : lt;
         par[pos] = ksc;
@@ -483,14 +491,7 @@ struct PfRowGroupLoader {
 #pragma unroll
         for (int g = 0; g < 2; ++g) {
           float ksc, vsc;
-          if constexpr (FMT == INT4) {
-            ksc = __uint_as_float(rkp[g] & ~0xFu);
-            vsc = __uint_as_float(rvp[g] & ~0xFu);
-          } else if constexpr (FMT == INT8) {
-            ksc = __uint_as_float(rkp[g]); vsc = __uint_as_float(rvp[g]);
-          } else {
-            ksc = __uint_as_float(rkp[g]); vsc = __uint_as_float(rvp[g]) * FP8_V_P;
-          }
+          pf_token_scales<FMT>(rkp[g], rvp[g], ksc, vsc);
           const int pos = pf_par_pos(16 * w + 8 * g + r);
           par[pos] = ksc;
           par[KT + pos] = vsc;
