@@ -194,6 +194,26 @@ __device__ __forceinline__ uint32_t e2m1x2_to_h2_scaled(uint32_t w) {
   return mag | sgn;
 }
 
+// All 8 E2M1 nibbles of w at once -> the same four fp16x2 words as e2m1x2_to_h2_scaled<0, 4, 8, 12>
+// (h[i] = nibbles i and i + 4). The fp16 of value·2^-14 has a zero low byte and the high byte
+// hb(n) = (n & 7) << 1 | (n & 8) << 4, so the high bytes of the four even nibbles (E) and of the
+// four odd ones (O) are built byte-parallel and then moved into place by PRMT: 7 logic / shift
+// instructions + 4 PRMT instead of 15 (tests/test_nvfp4_byte_decode.py emulates it exhaustively
+// per nibble).
+__device__ __forceinline__ void e2m1x8_to_h2x4_scaled(uint32_t w, uint32_t (&h)[4]) {
+  const uint32_t e = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);  // bytes: hb(n0, n2, n4, n6)
+  const uint32_t o = ((w >> 3) & 0x0E0E0E0Eu) | (w & 0x80808080u);         // bytes: hb(n1, n3, n5, n7)
+  h[0] = prmt(e, 0u, 0x2404u);  // (n0, n4): bytes 0, 2 of e into the high bytes, zeros below
+  h[1] = prmt(o, 0u, 0x2404u);  // (n1, n5)
+  h[2] = prmt(e, 0u, 0x3414u);  // (n2, n6)
+  h[3] = prmt(o, 0u, 0x3414u);  // (n3, n7)
+}
+
+// a - b on bf16x2 bits
+__device__ __forceinline__ uint32_t bsub2_bits(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hsub2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
 __device__ __forceinline__ uint32_t hmul2_bits(uint32_t a, uint32_t b) {
   __half2 r = __hmul2(*reinterpret_cast<__half2*>(&a), *reinterpret_cast<__half2*>(&b));
   return *reinterpret_cast<uint32_t*>(&r);
@@ -379,14 +399,24 @@ __device__ __forceinline__ uint32_t k_operand(const uint32_t* kw, int kk, int p,
     const uint32_t w = kw[kk >> 1];
     const int i = 2 * (kk & 1) + p;
     uint32_t v;
+#if defined(KVLAB_DECODE_PACKED)
+    uint32_t h[4];
+    e2m1x8_to_h2x4_scaled(w, h);  // the four calls of one word share the byte-parallel part
+    v = h[i];
+#else
     if (i == 0) v = e2m1x2_to_h2_scaled<0>(w);
     else if (i == 1) v = e2m1x2_to_h2_scaled<4>(w);
     else if (i == 2) v = e2m1x2_to_h2_scaled<8>(w);
     else v = e2m1x2_to_h2_scaled<12>(w);
+#endif
     return hmul2_bits(v, sf2);
   } else if constexpr (FMT == INT8) {
     const uint32_t w = kw[kk];
+#if defined(KVLAB_DECODE_PACKED)
+    return prmt(w ^ 0x80808080u, 0x64646464u, p ? 0x4341u : 0x4240u);  // one flip per word (CSE)
+#else
     return prmt(w, 0x64646464u, p ? 0x4341u : 0x4240u) ^ 0x00800080u;
+#endif
   } else if constexpr (FMT == FP8) {
     const uint32_t w = kw[kk];
     return e4m3x2_to_h2(p ? (w >> 16) : w);
@@ -515,19 +545,33 @@ __device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t
       return ((z >> s) & 0x000F000Fu) | 0x43004300u;  // bf16 128 + c
     } else {
       uint32_t v;
+#if defined(KVLAB_DECODE_PACKED)
+      uint32_t h[4];
+      e2m1x8_to_h2x4_scaled(z, h);
+      v = h[s >> 2];
+#else
       if (s == 0) v = e2m1x2_to_h2_scaled<0>(z);
       else if (s == 4) v = e2m1x2_to_h2_scaled<4>(z);
       else if (s == 8) v = e2m1x2_to_h2_scaled<8>(z);
       else v = e2m1x2_to_h2_scaled<12>(z);
+#endif
       return hmul2_bits(v, sf2);
     }
   } else if constexpr (FMT == INT8) {
     const int m = l >> 2, i = l & 3;
+#if defined(KVLAB_DECODE_PACKED)
+    // byte i of wa -> byte 0, of wb -> byte 2; bf16 0x43 above (b & 0x7F) = 128 + (b & 0x7F) minus
+    // bf16 0x43 above (b & 0x80) = 128 or 256 is the signed byte, exact (PRMT, 2 LOP3, HSUB2
+    // instead of two I2F, a quarter-rate conversion, and an F2FP)
+    const uint32_t z = prmt(wa[m], wb[m], static_cast<uint32_t>(i | ((4 + i) << 8)));
+    return bsub2_bits((z & 0x007F007Fu) | 0x43004300u, (z & 0x00800080u) | 0x43004300u);
+#else
     // sign-extend byte i of each word, exact float, pack to bf16x2
     const int ca = static_cast<int>(static_cast<signed char>((wa[m] >> (8 * i)) & 0xFFu));
     const int cb = static_cast<int>(static_cast<signed char>((wb[m] >> (8 * i)) & 0xFFu));
     __nv_bfloat162 r = __floats2bfloat162_rn(static_cast<float>(ca), static_cast<float>(cb));
     return *reinterpret_cast<uint32_t*>(&r);
+#endif
   } else if constexpr (FMT == FP8) {
     const int m = l >> 2, i = l & 3;
     // E4M3 byte b -> bf16 bits (b & 0x7F) << 4 | sign << 15 = value·2^-120, exact for normal

@@ -499,7 +499,52 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       // serialises wgmma otherwise, C7518); the stage of tile k-1 is released after it. The turn
       // hand-over (bar.arrive right after the commit) is written out in each branch: as a lambda
       // ptxas schedules this loop differently from the build measured on the H200 (session 8).
+      bool sdone = false;  // -DKVLAB_WGMMA_S_FIRST: tile k's softmax already done in the branch
       if (pact && sact) {
+#if defined(KVLAB_WGMMA_S_FIRST)
+        // S of tile k first, P'·V of tile k-1 second, two commit groups: the softmax of tile k
+        // up to its exponentials runs once S has landed (wait<1>) while the tensor cores still
+        // work on P'·V; the accumulator and the P' registers (read by that P'·V) are touched
+        // only after wait<0>. Same arithmetic in the same order as the default path.
+        wg::reg_fence(acc);
+        wg::fence();
+        issue_s(so);
+        wg::commit();
+        issue_pv(pso);
+        wg::commit();
+#if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
+        if (pass) named_bar_arrive(other_turn, 256);
+#endif
+        wg::wait<1>();
+        wg::reg_fence(s);
+        {
+          const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
+          const float* par = stage_par(st);
+          float al0, al1;
+          const bool moved = pf_softmax_max_lazy<TOKSC>(s, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1,
+                                                        l0, l1, nm0, nm1, al0, al1);
+          float e[PC][2][4];
+#pragma unroll
+          for (int kc = 0; kc < PC; ++kc) pf_exp_chunk(e[kc], s, kc, cs0, cs1, nm0, nm1, l0, l1);
+#pragma unroll
+          for (int kc = 0; kc < PC; ++kc) wg::reg_fence(e[kc]);  // the exponentials before the wait
+          // the wait in both arms of a branch: in one basic block with the exponentials, ptxas
+          // scheduled the wait first and the MUFUs after it (SASS, NVRTC 13.5)
+          if (moved) {
+            wg::wait<0>();
+            wg::reg_fence(acc);
+            pf_rescale_acc(acc, al0, al1);
+          } else {
+            wg::wait<0>();
+            wg::reg_fence(acc);
+          }
+#pragma unroll
+          for (int kc = 0; kc < PC; ++kc)
+            pf_pack_chunk<TOKSC && !pf_v_prescaled<FMT>(), CTV>(
+                pa[kc], e[kc], pf_v_scales_perm<TOKSC && !pf_v_prescaled<FMT>(), WG_KT>(par, c, kc));
+        }
+        sdone = true;
+#else
         wg::reg_fence(acc);
         wg::fence();
         issue_pv(pso);
@@ -511,6 +556,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         wg::wait<0>();
         wg::reg_fence(acc);
         wg::reg_fence(s);
+#endif
       } else if (pact) {
         wg::reg_fence(acc);
         wg::fence();
@@ -539,7 +585,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         __syncwarp();
         if (lane == 0) mbar_arrive(&empty_bar[(k - 1) % WS_NS]);  // this warp is done with tile k-1
       }
-      if (sact) {
+      if (sact && !sdone) {
         const bool full = (p0 + WG_KT - 1 <= gmin) && (window <= 0 || p0 > gmax - window);
         const float* par = stage_par(st);
         pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);

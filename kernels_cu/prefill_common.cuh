@@ -113,13 +113,40 @@ __device__ __forceinline__ uint4 dec_unit(uint32_t w0, uint32_t w1, uint32_t prm
       o.x = hsub2_h(a0, prm); o.y = hsub2_h(a1, prm); o.z = hsub2_h(a2, prm); o.w = hsub2_h(a3, prm);
     }
   } else if constexpr (FMT == NVFP4) {
+#if defined(KVLAB_PF_PACKED_DECODE)
+    uint32_t h[4];
+    attn::e2m1x8_to_h2x4_scaled(w0, h);
+    o.x = attn::hmul2_bits(h[0], prm); o.y = attn::hmul2_bits(h[1], prm);
+    o.z = attn::hmul2_bits(h[2], prm); o.w = attn::hmul2_bits(h[3], prm);
+#else
     o.x = attn::hmul2_bits(attn::e2m1x2_to_h2_scaled<0>(w0), prm);
     o.y = attn::hmul2_bits(attn::e2m1x2_to_h2_scaled<4>(w0), prm);
     o.z = attn::hmul2_bits(attn::e2m1x2_to_h2_scaled<8>(w0), prm);
     o.w = attn::hmul2_bits(attn::e2m1x2_to_h2_scaled<12>(w0), prm);
+#endif
   } else if constexpr (FMT == INT8) {
-    constexpr uint32_t OFF = 0x64806480u;  // fp16 1152 twice
     uint32_t h[4];
+#if defined(KVLAB_PF_PACKED_DECODE)
+    if constexpr (ISV) {
+      // bf16 straight from the signed byte b: 0x43 above b & 0x7F is 128 + (b & 0x7F), 0x43 above
+      // b & 0x80 is 128 or 256 (bf16 0x4300 / 0x4380); their difference is b as a signed integer,
+      // exact (|b| <= 128). PRMT + 2 LOP3 + HSUB2 per pair instead of going through fp16 and fp32.
+      auto v2 = [](uint32_t w, uint32_t sel) {
+        const uint32_t x = attn::prmt(w, 0x43434343u, sel);
+        return hsub2_bf(x & 0xFF7FFF7Fu, x & 0xFF80FF80u);
+      };
+      h[0] = v2(w0, 0x4240u); h[1] = v2(w0, 0x4341u); h[2] = v2(w1, 0x4240u); h[3] = v2(w1, 0x4341u);
+    } else {
+      // the byte's bias flip once per word instead of once per pair
+      constexpr uint32_t OFF = 0x64806480u;  // fp16 1152 twice
+      const uint32_t x0 = w0 ^ 0x80808080u, x1 = w1 ^ 0x80808080u;
+      h[0] = hsub2_h(attn::prmt(x0, 0x64646464u, 0x4240u), OFF);
+      h[1] = hsub2_h(attn::prmt(x0, 0x64646464u, 0x4341u), OFF);
+      h[2] = hsub2_h(attn::prmt(x1, 0x64646464u, 0x4240u), OFF);
+      h[3] = hsub2_h(attn::prmt(x1, 0x64646464u, 0x4341u), OFF);
+    }
+#else
+    constexpr uint32_t OFF = 0x64806480u;  // fp16 1152 twice
     h[0] = hsub2_h(attn::prmt(w0, 0x64646464u, 0x4240u) ^ 0x00800080u, OFF);
     h[1] = hsub2_h(attn::prmt(w0, 0x64646464u, 0x4341u) ^ 0x00800080u, OFF);
     h[2] = hsub2_h(attn::prmt(w1, 0x64646464u, 0x4240u) ^ 0x00800080u, OFF);
@@ -131,6 +158,7 @@ __device__ __forceinline__ uint4 dec_unit(uint32_t w0, uint32_t w1, uint32_t prm
         h[i] = attn::pack_f2<__nv_bfloat16>(f.x, f.y);  // |c| <= 128: exact
       }
     }
+#endif
     o.x = h[0]; o.y = h[1]; o.z = h[2]; o.w = h[3];
   } else if constexpr (FMT == FP8) {
     if constexpr (ISV) {
@@ -172,6 +200,20 @@ struct PfPadded {
   static constexpr int UNIT = 8;
   static __device__ __forceinline__ int idx(int row, int dim) { return row * RS + dim; }  // in halves
 };
+
+// nvfp4: the dec_unit parameter of scale group i (0..3), E4M3 byte i of sb: fp16x2 of the scale·2^7,
+// both halves equal (exact: E4M3 ⊂ fp16, and 448·2^7 < 65504). Both wgmma-kernel loaders.
+// -DKVLAB_PF_PACKED_DECODE: two bytes per conversion (cvt e4m3x2 -> f16x2, HMUL2 by 2^7 — exact as
+// well — and a PRMT to spread a half), where the default takes each byte through float32.
+__device__ __forceinline__ uint32_t pf_group_scale2(uint32_t sb, int i) {
+#if defined(KVLAB_PF_PACKED_DECODE)
+  const uint32_t h = hmul2_bits(e4m3x2_to_h2(i < 2 ? sb : sb >> 16), 0x58005800u);  // fp16 128 twice
+  return prmt(h, 0u, (i & 1) ? 0x3232u : 0x1010u);
+#else
+  const uint16_t hs = bits16<__half>(e4m3_to_float((sb >> (8 * i)) & 0xFFu) * 128.f);
+  return pack2(hs, hs);
+#endif
+}
 
 // -DKVLAB_WGMMA_V_PRESCALE (int4, row-group loads; measured in session 13, not adopted: int4
 // −1.5 % at 4k causal 32/8 d = 128, against a numerics change the gain does not justify): the producer
@@ -306,10 +348,8 @@ struct PfTileLoader {
       uint4 ko, vo;
       if constexpr (FMT == NVFP4) {
         const int i = u >> 1;  // 16-dim group of the unit
-        const uint16_t hk = bits16<__half>(e4m3_to_float((rkp >> (8 * i)) & 0xFFu) * 128.f);
-        const uint16_t hv = bits16<__half>(e4m3_to_float((rvp >> (8 * i)) & 0xFFu) * 128.f);
-        ko = dec_unit<FMT, false>(rk[u], 0u, pack2(hk, hk));
-        vo = dec_unit<FMT, true>(rv[u], 0u, pack2(hv, hv));
+        ko = dec_unit<FMT, false>(rk[u], 0u, pf_group_scale2(rkp, i));
+        vo = dec_unit<FMT, true>(rv[u], 0u, pf_group_scale2(rvp, i));
       } else if constexpr (FMT == INT4) {
         ko = dec_unit<FMT, false>(rk[u], 0u, (0x6400u | (rkp & 0xFu)) * 0x10001u);
         vo = dec_unit<FMT, true>(rv[u], 0u, (0x4300u | (rvp & 0xFu)) * 0x10001u);
@@ -464,10 +504,8 @@ struct PfRowGroupLoader {
           uint4 ko, vo;
           if constexpr (FMT == NVFP4) {
             const int i = k >> 1;  // the lane's group of the unit
-            const uint16_t hk = bits16<__half>(e4m3_to_float((rkp[g] >> (8 * i)) & 0xFFu) * 128.f);
-            const uint16_t hv = bits16<__half>(e4m3_to_float((rvp[g] >> (8 * i)) & 0xFFu) * 128.f);
-            ko = dec_unit<FMT, false>(rk[g][k], 0u, pack2(hk, hk));
-            vo = dec_unit<FMT, true>(rv[g][k], 0u, pack2(hv, hv));
+            ko = dec_unit<FMT, false>(rk[g][k], 0u, pf_group_scale2(rkp[g], i));
+            vo = dec_unit<FMT, true>(rv[g][k], 0u, pf_group_scale2(rvp[g], i));
           } else if constexpr (FMT == INT4) {
             ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
             vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
@@ -725,11 +763,16 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
 #ifndef PF_LAZY_TAU
 #define PF_LAZY_TAU 8.0f
 #endif
-template <bool TOKSC, int NT, int ON>
-__device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float (&acc)[ON][4], const float* par,
-                                                       bool full, int p0, int qp0, int qp1, int window, int c,
-                                                       float cs0, float cs1, float& m0, float& m1, float& l0,
-                                                       float& l1, float& nm0, float& nm1) {
+// pf_softmax_update_lazy in two parts, for a caller whose P'·V of the previous tile may still be in
+// flight (the wgmma kernel's -DKVLAB_WGMMA_S_FIRST): pf_softmax_max_lazy touches only the scores, the
+// running max / offsets and the row sums, and returns whether the warp moved its max (al0 / al1
+// the factors); pf_rescale_acc then applies the factors to the accumulator, once that product has
+// completed. pf_softmax_update_lazy is the two back to back.
+template <bool TOKSC, int NT>
+__device__ __forceinline__ bool pf_softmax_max_lazy(float (&s)[NT][4], const float* par, bool full, int p0, int qp0,
+                                                    int qp1, int window, int c, float cs0, float cs1, float& m0,
+                                                    float& m1, float& l0, float& l1, float& nm0, float& nm1,
+                                                    float& al0, float& al1) {
   if constexpr (TOKSC) {
     // scales in the PERM order of PfTileLoader::store_params (pf_par_pos / pf_par_off)
     static_assert(NT == 8, "PERM scale order: 64-token tiles");
@@ -768,16 +811,30 @@ __device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float 
   const bool need = (mx0 - m0) * cs0 > PF_LAZY_TAU || (mx1 - m1) * cs1 > PF_LAZY_TAU;
   if (__any_sync(0xffffffffu, need)) {
     const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = ex2_approx((m0 - mn0) * cs0), al1 = ex2_approx((m1 - mn1) * cs1);
+    al0 = ex2_approx((m0 - mn0) * cs0); al1 = ex2_approx((m1 - mn1) * cs1);
     m0 = mn0; m1 = mn1;
     nm0 = mn0 == NEG_BIG ? 0.f : -mn0 * cs0;
     nm1 = mn1 == NEG_BIG ? 0.f : -mn1 * cs1;
     l0 *= al0; l1 *= al1;
-#pragma unroll
-    for (int j = 0; j < ON; ++j) {
-      acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
-    }
+    return true;
   }
+  return false;
+}
+template <int ON>
+__device__ __forceinline__ void pf_rescale_acc(float (&acc)[ON][4], float al0, float al1) {
+#pragma unroll
+  for (int j = 0; j < ON; ++j) {
+    acc[j][0] *= al0; acc[j][1] *= al0; acc[j][2] *= al1; acc[j][3] *= al1;
+  }
+}
+template <bool TOKSC, int NT, int ON>
+__device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float (&acc)[ON][4], const float* par,
+                                                       bool full, int p0, int qp0, int qp1, int window, int c,
+                                                       float cs0, float cs1, float& m0, float& m1, float& l0,
+                                                       float& l1, float& nm0, float& nm1) {
+  float al0, al1;
+  if (pf_softmax_max_lazy<TOKSC>(s, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1, al0, al1))
+    pf_rescale_acc(acc, al0, al1);
 }
 
 // P' of k-chunk kc (tokens 16kc .. 16kc+15 = S n-tiles 2kc, 2kc+1) as the A operand of the
@@ -801,6 +858,44 @@ __device__ __forceinline__ void pf_p_operand(uint32_t (&pa)[4], const float (&s)
     pa[2 * h] = pack_f2<CTV>(e00, e01);
     pa[2 * h + 1] = pack_f2<CTV>(e10, e11);
   }
+}
+
+// pf_p_operand with the per-token V scales in the PERM order of PfTileLoader::store_params (the
+// wgmma kernel's lean switch): k-chunk kc's four (tokens 16kc + 2c, +1, 16kc + 8 + 2c, +1) are
+// one 16-byte load at par + KT + pf_par_off(c, kc). Same arithmetic as pf_p_operand. TOKSC = false:
+// no V scale (auto, nvfp4, and int4 under -DKVLAB_WGMMA_V_PRESCALE, whose V tile carries it).
+// The two halves of pf_p_operand_perm, for the wgmma kernel's -DKVLAB_WGMMA_S_FIRST, where the
+// exponentials of a tile are taken while the previous tile's P'·V still reads the P' registers:
+// pf_exp_chunk turns the scores of k-chunk kc (n-tiles 2kc, 2kc + 1) into P, adding them to the
+// row sums; pf_pack_chunk multiplies P by the chunk's V scales vs4 (TOKSC) and packs it.
+template <int NT>
+__device__ __forceinline__ void pf_exp_chunk(float (&e)[2][4], const float (&s)[NT][4], int kc, float cs0, float cs1,
+                                             float nm0, float nm1, float& l0, float& l1) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int nt = 2 * kc + h;
+    e[h][0] = ex2_approx(fmaf(s[nt][0], cs0, nm0)); e[h][1] = ex2_approx(fmaf(s[nt][1], cs0, nm0));
+    e[h][2] = ex2_approx(fmaf(s[nt][2], cs1, nm1)); e[h][3] = ex2_approx(fmaf(s[nt][3], cs1, nm1));
+    l0 += e[h][0] + e[h][1];
+    l1 += e[h][2] + e[h][3];
+  }
+}
+template <bool TOKSC, typename CTV>
+__device__ __forceinline__ void pf_pack_chunk(uint32_t (&pa)[4], float (&e)[2][4], float4 vs4) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    if constexpr (TOKSC) {
+      const float vx = h ? vs4.z : vs4.x, vy = h ? vs4.w : vs4.y;
+      e[h][0] *= vx; e[h][1] *= vy; e[h][2] *= vx; e[h][3] *= vy;
+    }
+    pa[2 * h] = pack_f2<CTV>(e[h][0], e[h][1]);
+    pa[2 * h + 1] = pack_f2<CTV>(e[h][2], e[h][3]);
+  }
+}
+template <bool TOKSC, int KT>
+__device__ __forceinline__ float4 pf_v_scales_perm(const float* par, int c, int kc) {
+  if constexpr (TOKSC) return *reinterpret_cast<const float4*>(par + KT + pf_par_off(c, kc));
+  return make_float4(1.f, 1.f, 1.f, 1.f);
 }
 
 // pf_p_operand with the per-token V scales in the PERM order of PfTileLoader::store_params (the
