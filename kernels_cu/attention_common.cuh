@@ -32,6 +32,21 @@
 #include "hadamard.cuh"
 #include <cuda_fp8.h>
 
+// Decode-kernel operand switches (session 14, docs/perf-notes.md "Session 14"):
+// KVLAB_DECODE_PACKED_E2M1 (default; -DKVLAB_DECODE_NO_PACKED_E2M1 for A/B): nvfp4 K and V operands
+//   through e2m1x8_to_h2x4_scaled. Measured on the H200 (B = 32 × 8k, 32/8, d = 128, same call, two
+//   runs each): nvfp4 paged 0.1273 / 0.1276 → 0.1230 / 0.1236 ms (−3.3 %), per_head −2.6 %,
+//   batch 1 × 128k −3.3 %.
+// -DKVLAB_DECODE_INT8_V_PRMT (measured, not adopted): int8 V operands as bf16 from the signed byte
+//   without I2F, K's byte-bias flip once per word. int8 paged 0.1616 / 0.1609 → 0.1653 / 0.1617 ms:
+//   flat, so the decode's int8 rows are not bound by the conversion pipe.
+#if !defined(KVLAB_DECODE_NO_PACKED_E2M1) && !defined(KVLAB_DECODE_PACKED_E2M1)
+#define KVLAB_DECODE_PACKED_E2M1
+#endif
+#if defined(KVLAB_DECODE_NO_PACKED_E2M1) && defined(KVLAB_DECODE_PACKED_E2M1)
+#error "KVLAB_DECODE_PACKED_E2M1 (default) and KVLAB_DECODE_NO_PACKED_E2M1 exclude each other"
+#endif
+
 namespace kvlab {
 namespace attn {
 
@@ -399,7 +414,7 @@ __device__ __forceinline__ uint32_t k_operand(const uint32_t* kw, int kk, int p,
     const uint32_t w = kw[kk >> 1];
     const int i = 2 * (kk & 1) + p;
     uint32_t v;
-#if defined(KVLAB_DECODE_PACKED)
+#if defined(KVLAB_DECODE_PACKED_E2M1)
     uint32_t h[4];
     e2m1x8_to_h2x4_scaled(w, h);  // the four calls of one word share the byte-parallel part
     v = h[i];
@@ -412,7 +427,7 @@ __device__ __forceinline__ uint32_t k_operand(const uint32_t* kw, int kk, int p,
     return hmul2_bits(v, sf2);
   } else if constexpr (FMT == INT8) {
     const uint32_t w = kw[kk];
-#if defined(KVLAB_DECODE_PACKED)
+#if defined(KVLAB_DECODE_INT8_V_PRMT)
     return prmt(w ^ 0x80808080u, 0x64646464u, p ? 0x4341u : 0x4240u);  // one flip per word (CSE)
 #else
     return prmt(w, 0x64646464u, p ? 0x4341u : 0x4240u) ^ 0x00800080u;
@@ -545,7 +560,7 @@ __device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t
       return ((z >> s) & 0x000F000Fu) | 0x43004300u;  // bf16 128 + c
     } else {
       uint32_t v;
-#if defined(KVLAB_DECODE_PACKED)
+#if defined(KVLAB_DECODE_PACKED_E2M1)
       uint32_t h[4];
       e2m1x8_to_h2x4_scaled(z, h);
       v = h[s >> 2];
@@ -559,7 +574,7 @@ __device__ __forceinline__ uint32_t v_operand(const uint32_t* wa, const uint32_t
     }
   } else if constexpr (FMT == INT8) {
     const int m = l >> 2, i = l & 3;
-#if defined(KVLAB_DECODE_PACKED)
+#if defined(KVLAB_DECODE_INT8_V_PRMT)
     // byte i of wa -> byte 0, of wb -> byte 2; bf16 0x43 above (b & 0x7F) = 128 + (b & 0x7F) minus
     // bf16 0x43 above (b & 0x80) = 128 or 256 is the signed byte, exact (PRMT, 2 LOP3, HSUB2
     // instead of two I2F, a quarter-rate conversion, and an F2FP)

@@ -17,6 +17,18 @@
 // permutation) and the output is unpermuted in the epilogue.
 #pragma once
 #include "common.cuh"
+
+// KVLAB_PF_PACKED_DECODE (default since session 14; -DKVLAB_PF_NO_PACKED_DECODE for A/B): the
+// prefill producers' nvfp4 words through e2m1x8_to_h2x4_scaled and two E4M3 scales per conversion
+// (pf_group_scale2), int8 V straight to bf16 (dec_unit). Measured on the H200 (4k causal 32/8
+// d = 128, wgmma, same call, two runs each): nvfp4 0.4791 / 0.4786 → 0.4673 / 0.4674 ms (−2.4 %),
+// int8 0.5652 / 0.5634 → 0.5607 / 0.5611 (−0.6 %); the other formats' code is unchanged.
+#if !defined(KVLAB_PF_NO_PACKED_DECODE) && !defined(KVLAB_PF_PACKED_DECODE)
+#define KVLAB_PF_PACKED_DECODE
+#endif
+#if defined(KVLAB_PF_NO_PACKED_DECODE) && defined(KVLAB_PF_PACKED_DECODE)
+#error "KVLAB_PF_PACKED_DECODE (default) and KVLAB_PF_NO_PACKED_DECODE exclude each other"
+#endif
 #include "attention_common.cuh"
 
 namespace kvlab {
@@ -768,19 +780,26 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
 // running max / offsets and the row sums, and returns whether the warp moved its max (al0 / al1
 // the factors); pf_rescale_acc then applies the factors to the accumulator, once that product has
 // completed. pf_softmax_update_lazy is the two back to back.
-template <bool TOKSC, int NT>
-__device__ __forceinline__ bool pf_softmax_max_lazy(float (&s)[NT][4], const float* par, bool full, int p0, int qp0,
-                                                    int qp1, int window, int c, float cs0, float cs1, float& m0,
-                                                    float& m1, float& l0, float& l1, float& nm0, float& nm1,
-                                                    float& al0, float& al1) {
+// The K scales of the lane's 16 tokens (column pair c) in the PERM order of
+// PfTileLoader::store_params (pf_par_pos / pf_par_off): four 16-byte loads (TOKSC formats only).
+template <bool TOKSC>
+__device__ __forceinline__ void pf_load_k_scales(float4 (&ks)[4], const float* par, int c) {
   if constexpr (TOKSC) {
-    // scales in the PERM order of PfTileLoader::store_params (pf_par_pos / pf_par_off)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ks[i] = *reinterpret_cast<const float4*>(par + pf_par_off(c, i));
+  }
+}
+template <bool TOKSC, int NT>
+__device__ __forceinline__ bool pf_softmax_max_lazy(float (&s)[NT][4], const float4 (&ks)[4], bool full, int p0,
+                                                    int qp0, int qp1, int window, int c, float cs0, float cs1,
+                                                    float& m0, float& m1, float& l0, float& l1, float& nm0,
+                                                    float& nm1, float& al0, float& al1) {
+  if constexpr (TOKSC) {
     static_assert(NT == 8, "PERM scale order: 64-token tiles");
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      const float4 ks = *reinterpret_cast<const float4*>(par + pf_par_off(c, i));
-      s[2 * i][0] *= ks.x; s[2 * i][1] *= ks.y; s[2 * i][2] *= ks.x; s[2 * i][3] *= ks.y;
-      s[2 * i + 1][0] *= ks.z; s[2 * i + 1][1] *= ks.w; s[2 * i + 1][2] *= ks.z; s[2 * i + 1][3] *= ks.w;
+      s[2 * i][0] *= ks[i].x; s[2 * i][1] *= ks[i].y; s[2 * i][2] *= ks[i].x; s[2 * i][3] *= ks[i].y;
+      s[2 * i + 1][0] *= ks[i].z; s[2 * i + 1][1] *= ks[i].w; s[2 * i + 1][2] *= ks[i].z; s[2 * i + 1][3] *= ks[i].w;
     }
   }
   if (!full) {
@@ -832,8 +851,10 @@ __device__ __forceinline__ void pf_softmax_update_lazy(float (&s)[NT][4], float 
                                                        bool full, int p0, int qp0, int qp1, int window, int c,
                                                        float cs0, float cs1, float& m0, float& m1, float& l0,
                                                        float& l1, float& nm0, float& nm1) {
+  float4 ks[4];
+  pf_load_k_scales<TOKSC>(ks, par, c);
   float al0, al1;
-  if (pf_softmax_max_lazy<TOKSC>(s, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1, al0, al1))
+  if (pf_softmax_max_lazy<TOKSC>(s, ks, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1, al0, al1))
     pf_rescale_acc(acc, al0, al1);
 }
 
