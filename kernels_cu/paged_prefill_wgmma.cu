@@ -51,6 +51,19 @@
 #if defined(KVLAB_WGMMA_NO_PRODUCER_AHEAD) && defined(KVLAB_WGMMA_PRODUCER_AHEAD)
 #error "KVLAB_WGMMA_PRODUCER_AHEAD (default) and KVLAB_WGMMA_NO_PRODUCER_AHEAD exclude each other"
 #endif
+// KVLAB_WGMMA_KSC_EARLY (default since session 14; -DKVLAB_WGMMA_NO_KSC_EARLY for A/B): a tile's K
+// scales are loaded as soon as its stage is full, before the wgmma issue. Measured on the H200 (4k
+// causal 32/8 d = 128, same call, two runs each): int4 0.4160 / 0.4156 → 0.4002 / 0.3999 ms (−3.8 %),
+// int8 / fp8 −0.3 %; nvfp4 and auto have no per-token scales (unchanged code).
+#if !defined(KVLAB_WGMMA_NO_KSC_EARLY) && !defined(KVLAB_WGMMA_KSC_EARLY)
+#define KVLAB_WGMMA_KSC_EARLY
+#endif
+#if defined(KVLAB_WGMMA_NO_KSC_EARLY) && defined(KVLAB_WGMMA_KSC_EARLY)
+#error "KVLAB_WGMMA_KSC_EARLY (default) and KVLAB_WGMMA_NO_KSC_EARLY exclude each other"
+#endif
+#if defined(KVLAB_WGMMA_VSC_EARLY) && !defined(KVLAB_WGMMA_KSC_EARLY)
+#error "KVLAB_WGMMA_VSC_EARLY needs KVLAB_WGMMA_KSC_EARLY"
+#endif
 #if defined(KVLAB_WGMMA_ROWGROUP) && defined(KVLAB_WGMMA_NO_ROWGROUP)
 #error "KVLAB_WGMMA_ROWGROUP and KVLAB_WGMMA_NO_ROWGROUP exclude each other"
 #endif
@@ -491,12 +504,20 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
       const bool sact = k < ntiles && ghas && gmax >= p0 && !(window > 0 && p0 + WG_KT - 1 <= gmin - window);
       if (k < ntiles) mbar_wait(&full_bar[st], (k / WS_NS) & 1);
 #if defined(KVLAB_WGMMA_KSC_EARLY)
-      // -DKVLAB_WGMMA_KSC_EARLY: tile k's K scales loaded as soon as its stage is full, before the
-      // wgmma issue, so that their shared-memory latency hides under the products instead of
-      // sitting between the wait and the first multiply (SASS of the default: the four LDS.128
-      // right after the wait)
+      // KVLAB_WGMMA_KSC_EARLY (the default): tile k's K scales loaded as soon as its stage is full,
+      // before the wgmma issue, so that their shared-memory latency hides under the products
+      // instead of sitting between the wait and the first multiply (SASS of the session-13 build:
+      // the four LDS.128 right after the wait; Nsight Compute: FMUL short-scoreboard 4.8 % of all
+      // stall samples)
       float4 ks_early[4];
       if (sact) pf_load_k_scales<TOKSC>(ks_early, stage_par(st), c);
+#if defined(KVLAB_WGMMA_VSC_EARLY)
+      // -DKVLAB_WGMMA_VSC_EARLY (with KSC_EARLY): the V scales too (16 more live registers)
+      float4 vs_early[PC];
+#pragma unroll
+      for (int kc = 0; kc < PC; ++kc)
+        if (sact) vs_early[kc] = pf_v_scales_perm<TOKSC && !pf_v_prescaled<FMT>(), WG_KT>(stage_par(st), c, kc);
+#endif
 #endif
 #if !defined(KVLAB_WGMMA_WS_NO_PINGPONG)
       named_bar_sync(my_turn, 256);
@@ -610,10 +631,19 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
 #else
         pf_softmax_update_lazy<TOKSC>(s, acc, par, full, p0, qp0, qp1, window, c, cs0, cs1, m0, m1, l0, l1, nm0, nm1);
 #endif
+#if defined(KVLAB_WGMMA_VSC_EARLY)
+#pragma unroll
+        for (int kc = 0; kc < PC; ++kc) {
+          float e[2][4];
+          pf_exp_chunk(e, s, kc, cs0, cs1, nm0, nm1, l0, l1);
+          pf_pack_chunk<TOKSC && !pf_v_prescaled<FMT>(), CTV>(pa[kc], e, vs_early[kc]);
+        }
+#else
 #pragma unroll
         for (int kc = 0; kc < PC; ++kc)
           pf_p_operand_perm<TOKSC && !pf_v_prescaled<FMT>(), CTV, NT, WG_KT>(pa[kc], s, kc, par, c, cs0, cs1, nm0,
                                                                            nm1, l0, l1);
+#endif
       }
       pact = sact;
       pso = so;
