@@ -213,7 +213,7 @@ __device__ __forceinline__ uint32_t e2m1x2_to_h2_scaled(uint32_t w) {
 // (h[i] = nibbles i and i + 4). The fp16 of value·2^-14 has a zero low byte and the high byte
 // hb(n) = (n & 7) << 1 | (n & 8) << 4, so the high bytes of the four even nibbles (E) and of the
 // four odd ones (O) are built byte-parallel and then moved into place by PRMT: 7 logic / shift
-// instructions + 4 PRMT instead of 15 (tests/test_nvfp4_byte_decode.py emulates it exhaustively
+// instructions + 4 PRMT instead of 15 (tests/test_packed_decode_bits.py emulates it exhaustively
 // per nibble).
 __device__ __forceinline__ void e2m1x8_to_h2x4_scaled(uint32_t w, uint32_t (&h)[4]) {
   const uint32_t e = ((w << 1) & 0x0E0E0E0Eu) | ((w << 4) & 0x80808080u);  // bytes: hb(n0, n2, n4, n6)

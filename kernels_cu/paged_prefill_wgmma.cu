@@ -638,6 +638,24 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
           pf_exp_chunk(e, s, kc, cs0, cs1, nm0, nm1, l0, l1);
           pf_pack_chunk<TOKSC && !pf_v_prescaled<FMT>(), CTV>(pa[kc], e, vs_early[kc]);
         }
+#elif defined(KVLAB_WGMMA_TREE_REDUCE)
+        {
+          // the row sums as a tree: each k-chunk's four exponentials per row summed on their own
+          // (pf_exp_chunk into zeroed partials), the four partials pairwise, then into l (a chain
+          // of 3 adds per tile on l instead of 8)
+          float q0[PC], q1[PC];
+#pragma unroll
+          for (int kc = 0; kc < PC; ++kc) {
+            float e[2][4];
+            q0[kc] = 0.f; q1[kc] = 0.f;
+            pf_exp_chunk(e, s, kc, cs0, cs1, nm0, nm1, q0[kc], q1[kc]);
+            pf_pack_chunk<TOKSC && !pf_v_prescaled<FMT>(), CTV>(
+                pa[kc], e, pf_v_scales_perm<TOKSC && !pf_v_prescaled<FMT>(), WG_KT>(par, c, kc));
+          }
+          static_assert(PC == 4, "four k-chunks per 64-token tile");
+          l0 += (q0[0] + q0[1]) + (q0[2] + q0[3]);
+          l1 += (q1[0] + q1[1]) + (q1[2] + q1[3]);
+        }
 #else
 #pragma unroll
         for (int kc = 0; kc < PC; ++kc)

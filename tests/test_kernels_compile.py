@@ -115,14 +115,18 @@ def _wgmma_sass(exprs):
                                      "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
                                      "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF",
                                      "-DKVLAB_WGMMA_ROWGROUP -DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
-                                     "-DKVLAB_WGMMA_RAW_SETS=3"])
+                                     "-DKVLAB_WGMMA_RAW_SETS=3",
+                                     "-DKVLAB_WGMMA_S_FIRST -DKVLAB_PF_NO_PACKED_DECODE",
+                                     "-DKVLAB_WGMMA_NO_KSC_EARLY", "-DKVLAB_WGMMA_VSC_EARLY"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
     producer two tiles ahead since session 9, row-group loads for int4 and auto and the conflict-free
     scale order since session 13) and its switches (-DKVLAB_WGMMA_NO_PRODUCER_AHEAD: the old one-tile
     producer; -DKVLAB_WGMMA_PRODUCER_AHEAD names the default; -DKVLAB_WGMMA_ROWGROUP /
     -DKVLAB_WGMMA_NO_ROWGROUP: row-group loads for every format / none; -DKVLAB_WGMMA_NO_SCALES_CF:
-    the old scale order): every instantiation
+    the old scale order; session 14: -DKVLAB_WGMMA_S_FIRST, the old producer decode
+    -DKVLAB_PF_NO_PACKED_DECODE, the K scales after the wait -DKVLAB_WGMMA_NO_KSC_EARLY, the V scales
+    early -DKVLAB_WGMMA_VSC_EARLY): every instantiation
     compiles for sm_90a with no spills and no stack, at exactly the 168 registers
     __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
     producer/consumer counts are computed from 168)."""
@@ -198,7 +202,8 @@ def _assert_register_split(f, fmt, d, ahead, options=""):
 
 
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD", "-DKVLAB_WGMMA_ROWGROUP",
-                                     "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF"])
+                                     "-DKVLAB_WGMMA_NO_ROWGROUP -DKVLAB_WGMMA_NO_SCALES_CF",
+                                     "-DKVLAB_WGMMA_S_FIRST"])
 def test_wgmma_prefill_sass(monkeypatch, options):
     """The default build, -DKVLAB_WGMMA_NO_PRODUCER_AHEAD, row-group loads for every format and the
     session-12 build (no row groups, old scale order) really issue warpgroup MMAs: no ptxas
@@ -217,7 +222,8 @@ def test_wgmma_prefill_sass(monkeypatch, options):
         hg = re.findall(r"HGMMA\.(64x\d+x16)\.F32[^;]*;", f)
         pv = [h for h in re.findall(r"HGMMA\.64x\d+x16\.F32[^;]*;", f) if ".tnspB" in h]
         # P·V (B = V transposed, n = d) + S (n = 64 tokens) in the P·V + S and the P·V-only
-        # branch, S in the S-only branch: 2·4 P·V steps and 2·(d/16) S steps
+        # branch, S in the S-only branch: 2·4 P·V steps and 2·(d/16) S steps (-DKVLAB_WGMMA_S_FIRST:
+        # the same steps, S first in the first branch)
         assert len(pv) == 2 * 4 and all(f"64x{d}x16" in h for h in pv), (fmt, d, pv)
         assert len(hg) - len(pv) == 2 * (d // 16) and hg.count("64x64x16") >= 2 * (d // 16), (fmt, d, hg)
         assert "SYNCS.PHASECHK.TRANS64.TRYWAIT" in f and "SYNCS.ARRIVE.TRANS64" in f
@@ -261,6 +267,57 @@ def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
             assert producer.count("SYNCS.PHASECHK") >= 2 and producer.count("SYNCS.ARRIVE.TRANS64") >= 2, (fmt, d)
         else:
             assert per_set <= ldg_before < 2 * per_set, (fmt, d, ldg_before)
+
+
+def _consumer_loop_first_pass(f):
+    """The consumers' tile loop of one instantiation's SASS, from the first full-barrier wait to the
+    last wgmma wait of the first loop pass (P·V + S branch, then the two single branches)."""
+    start = f.index("SYNCS.PHASECHK.TRANS64.TRYWAIT")
+    return f[start:]
+
+
+def test_wgmma_prefill_k_scales_before_the_issue(monkeypatch):
+    """KVLAB_WGMMA_KSC_EARLY (the default since session 14, docs/perf-notes.md "Session 14"): for the
+    formats with per-token scales (int8, fp8, int4) the four 16-byte K-scale loads of a tile sit
+    between the consumer's full-barrier wait and its turn barrier, i.e. before the wgmma issue
+    and the wait for the products; measured int4 -3.8 %. Fails if they move back after the wgmma
+    wait (the -DKVLAB_WGMMA_NO_KSC_EARLY build is checked to be the counterexample)."""
+    def lds_before_issue(options):
+        out = {}
+        for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, ("C7518", "C7510", "arning")):
+            if fmt not in (1, 2, 3):
+                continue
+            loop = _consumer_loop_first_pass(f)
+            head = loop[:loop.index("WARPGROUP.ARRIVE")]
+            out[(fmt, d)] = len(re.findall(r"LDS\.128", head))
+        return out
+    early = lds_before_issue("")
+    assert early and all(n >= 4 for n in early.values()), early
+    late = lds_before_issue("-DKVLAB_WGMMA_NO_KSC_EARLY")
+    assert all(n == 0 for n in late.values()), late
+
+
+def test_wgmma_prefill_s_first_exponentials_between_the_waits(monkeypatch):
+    """-DKVLAB_WGMMA_S_FIRST (measured in session 14, +5.6 % for int4, not adopted): S and P·V are two
+    commit groups, and the 32 exponentials of a d = 128 tile sit between the wait for S
+    (WARPGROUP.DEPBAR ... 0x1) and the wait for P·V (... 0x0), where the switch wants them (ptxas put
+    them after the second wait until that wait moved into both arms of the rescale branch)."""
+    for fmt, d, f in _wgmma_sass_functions(monkeypatch, "-DKVLAB_WGMMA_S_FIRST", ("C7518", "C7510", "arning")):
+        if d != 128:
+            continue
+        i = f.index("WARPGROUP.DEPBAR.LE gsb0, 0x1")
+        j = f.index("WARPGROUP.DEPBAR.LE gsb0, 0x0", i)
+        assert f[i:j].count("MUFU.EX2") >= 32, (fmt, d, f[i:j].count("MUFU.EX2"))
+
+
+@pytest.mark.parametrize("opts", ["-DKVLAB_WGMMA_KSC_EARLY -DKVLAB_WGMMA_NO_KSC_EARLY",
+                                  "-DKVLAB_WGMMA_NO_KSC_EARLY -DKVLAB_WGMMA_VSC_EARLY",
+                                  "-DKVLAB_PF_PACKED_DECODE -DKVLAB_PF_NO_PACKED_DECODE"])
+def test_wgmma_prefill_session14_switches_refused(opts, monkeypatch):
+    """Session 14's prefill switches that contradict each other (a default with its NO_ switch; the V
+    scales early without the K scales early) are an #error, not a silently mislabelled A/B build."""
+    _check_ptx_build(monkeypatch, "paged_prefill_wgmma", "paged_attention_prefill_wgmma<3, 128, __nv_bfloat16>",
+                     opts, ok=False)
 
 
 def test_wgmma_prefill_producer_ahead_switches_exclude_each_other(monkeypatch):
@@ -373,7 +430,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
                                   "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
                                   "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
-                                  "-DKVLAB_DECODE_NO_PDL"])
+                                  "-DKVLAB_DECODE_NO_PDL", "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles
@@ -384,7 +441,9 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_NO_EARLY_ISSUE (the paged ring's first copies after the prologue) and with
     -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS (session 10's one-column-at-a-time query prologue) and with
     -DKVLAB_DECODE_LATE_QUERY_LOADS (the query rows loaded after the first copies) and with
-    -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time); the int4 and nvfp4
+    -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time) and with session 14's
+    -DKVLAB_DECODE_NO_PACKED_E2M1 (nvfp4 operands nibble pair by pair) together with
+    -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
@@ -401,7 +460,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
 
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",
-                                  "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE_NVFP4"])
+                                  "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE_NVFP4",
+                                  "-DKVLAB_DECODE_PACKED_E2M1 -DKVLAB_DECODE_NO_PACKED_E2M1"])
 def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
     """KVLAB_DECODE_STAGE_NVFP4 (the default since session 9) extends the default stage body: an
     #error when it is named together with -DKVLAB_DECODE_NO_STAGE or its own NO_ switch, so that
