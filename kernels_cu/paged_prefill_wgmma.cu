@@ -640,9 +640,12 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
         }
 #elif defined(KVLAB_WGMMA_TREE_REDUCE)
         {
-          // the row sums as a tree: each k-chunk's four exponentials per row summed on their own
+          // -DKVLAB_WGMMA_TREE_REDUCE (with the row max as a tree in pf_softmax_max_lazy): the row
+          // sums as a tree: each k-chunk's four exponentials per row summed on their own
           // (pf_exp_chunk into zeroed partials), the four partials pairwise, then into l (a chain
-          // of 3 adds per tile on l instead of 8)
+          // of 3 adds per tile on l instead of 8). Measured in session 14 (4k causal 32/8 d = 128,
+          // same call, three runs each), not adopted: int4 0.4023 / 0.3992 / 0.3999 → 0.4094 /
+          // 0.4116 / 0.4098 ms (+2.4 %), nvfp4 +0.8 %.
           float q0[PC], q1[PC];
 #pragma unroll
           for (int kc = 0; kc < PC; ++kc) {
