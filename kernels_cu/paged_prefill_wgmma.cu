@@ -30,7 +30,11 @@
 // -DKVLAB_WGMMA_NO_PRODUCER_AHEAD (below); session 13 (docs/perf-notes.md "Session 13"):
 // -DKVLAB_WGMMA_ROWGROUP / -DKVLAB_WGMMA_NO_ROWGROUP (row-group loads for every format / none),
 // -DKVLAB_WGMMA_RAW_SETS=2|3 (raw register sets of every raw-loading format),
-// -DKVLAB_WGMMA_NO_SCALES_CF (the per-token scale order before session 13; prefill_common.cuh).
+// -DKVLAB_WGMMA_NO_SCALES_CF (the per-token scale order before session 13; prefill_common.cuh);
+// session 14 (docs/perf-notes.md "Session 14"): -DKVLAB_WGMMA_NO_KSC_EARLY (the K scales loaded after
+// the wgmma wait, as before), -DKVLAB_WGMMA_S_FIRST, -DKVLAB_WGMMA_VSC_EARLY, -DKVLAB_WGMMA_TREE_REDUCE
+// (measured, not adopted), and in prefill_common.cuh -DKVLAB_PF_NO_PACKED_DECODE (the producers'
+// nvfp4 / int8 decode before session 14).
 // Producer ahead (KVLAB_WGMMA_PRODUCER_AHEAD, the default since session 9): for int4/int8/fp8/nvfp4
 // each producer thread keeps two tiles of raw loads in flight (a second raw register set, the loop
 // unrolled by two; producer 80 / 104 registers, consumers 208 / 200; no shared-memory change;
