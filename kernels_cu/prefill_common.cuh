@@ -335,6 +335,33 @@ struct PfTileLoader {
     } else if constexpr (FMT == NVFP4) {
       constexpr int S = D / 16;
       uint32_t kb = 0u, vb = 0u;
+#if defined(KVLAB_PF_NVFP4_SCALE_WORDS)
+      // -DKVLAB_PF_NVFP4_SCALE_WORDS: a side's NGK scale bytes (contiguous in the row's scale part,
+      // aligned to NGK) as one 32-bit (d = 128) or 16-bit (d = 64) load instead of NGK byte loads;
+      // V too when its scales are not swizzled (kvlab's own layout), else byte by byte as before
+      static_assert(NGK == 4 || NGK == 2, "nvfp4 scale groups per half row: 4 (d = 128) or 2 (d = 64)");
+      if (in) {
+        const uint8_t* ks = kslab + data_part + rowi * S + part * NGK;
+        const uint8_t* vs = ks + side_stride;
+        if constexpr (NGK == 4) {
+          kb = __ldg(reinterpret_cast<const unsigned*>(ks));
+          if (!swizzle_v) vb = __ldg(reinterpret_cast<const unsigned*>(vs));
+        } else {
+          kb = __ldg(reinterpret_cast<const unsigned short*>(ks));
+          if (!swizzle_v) vb = __ldg(reinterpret_cast<const unsigned short*>(vs));
+        }
+        if (swizzle_v) {
+#pragma unroll
+          for (int i = 0; i < NGK; ++i) {
+            int t2, gg;
+            v_scale_pos<S>(tt, part * NGK + i, true, t2, gg);
+            vb |= static_cast<uint32_t>(__ldg(kslab + side_stride + data_part +
+                                              static_cast<unsigned>((t2 * num_kv_heads + kvh) * S + gg)))
+                  << (8 * i);
+          }
+        }
+      }
+#else
       if (in) {
         const uint8_t* ks = kslab + data_part + rowi * S;
 #pragma unroll
@@ -348,6 +375,7 @@ struct PfTileLoader {
           vb |= static_cast<uint32_t>(__ldg(vs)) << (8 * i);
         }
       }
+#endif
       rkp = kb; rvp = vb;
     }
   }
