@@ -29,6 +29,17 @@
 #if defined(KVLAB_PF_NO_PACKED_DECODE) && defined(KVLAB_PF_PACKED_DECODE)
 #error "KVLAB_PF_PACKED_DECODE (default) and KVLAB_PF_NO_PACKED_DECODE exclude each other"
 #endif
+// KVLAB_PF_NVFP4_SCALE_WORDS (default since session 14; -DKVLAB_PF_NO_NVFP4_SCALE_WORDS for A/B): the
+// wgmma producer (PfTileLoader) loads a half row's nvfp4 group scales as one 32-bit / 16-bit word
+// per side instead of byte by byte. Measured on the H200 (4k causal 32/8 d = 128, same call, three
+// runs each): nvfp4 0.4664 / 0.4668 / 0.4661 → 0.3671 / 0.3677 / 0.3684 ms (−21 %, 1.40× SDPA);
+// the other formats' code is unchanged.
+#if !defined(KVLAB_PF_NO_NVFP4_SCALE_WORDS) && !defined(KVLAB_PF_NVFP4_SCALE_WORDS)
+#define KVLAB_PF_NVFP4_SCALE_WORDS
+#endif
+#if defined(KVLAB_PF_NO_NVFP4_SCALE_WORDS) && defined(KVLAB_PF_NVFP4_SCALE_WORDS)
+#error "KVLAB_PF_NVFP4_SCALE_WORDS (default) and KVLAB_PF_NO_NVFP4_SCALE_WORDS exclude each other"
+#endif
 #include "attention_common.cuh"
 
 namespace kvlab {
@@ -336,9 +347,11 @@ struct PfTileLoader {
       constexpr int S = D / 16;
       uint32_t kb = 0u, vb = 0u;
 #if defined(KVLAB_PF_NVFP4_SCALE_WORDS)
-      // -DKVLAB_PF_NVFP4_SCALE_WORDS: a side's NGK scale bytes (contiguous in the row's scale part,
-      // aligned to NGK) as one 32-bit (d = 128) or 16-bit (d = 64) load instead of NGK byte loads;
-      // V too when its scales are not swizzled (kvlab's own layout), else byte by byte as before
+      // KVLAB_PF_NVFP4_SCALE_WORDS (the default): a side's NGK scale bytes (contiguous in the row's
+      // scale part, aligned to NGK) as one 32-bit (d = 128) or 16-bit (d = 64) load instead of NGK
+      // byte loads; V too when its scales are not swizzled (kvlab's own layout), else byte by byte
+      // as before. Session 13's profile had the first uses of the bytes at 11 % of all nvfp4 stall
+      // samples; the word loads took nvfp4's prefill from 0.466 to 0.367 ms.
       static_assert(NGK == 4 || NGK == 2, "nvfp4 scale groups per half row: 4 (d = 128) or 2 (d = 64)");
       if (in) {
         const uint8_t* ks = kslab + data_part + rowi * S + part * NGK;

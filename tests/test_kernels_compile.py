@@ -118,7 +118,7 @@ def _wgmma_sass(exprs):
                                      "-DKVLAB_WGMMA_RAW_SETS=3",
                                      "-DKVLAB_WGMMA_S_FIRST -DKVLAB_PF_NO_PACKED_DECODE",
                                      "-DKVLAB_WGMMA_NO_KSC_EARLY", "-DKVLAB_WGMMA_VSC_EARLY",
-                                     "-DKVLAB_WGMMA_TREE_REDUCE"])
+                                     "-DKVLAB_WGMMA_TREE_REDUCE", "-DKVLAB_PF_NO_NVFP4_SCALE_WORDS"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
     producer two tiles ahead since session 9, row-group loads for int4 and auto and the conflict-free
@@ -127,8 +127,8 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     -DKVLAB_WGMMA_NO_ROWGROUP: row-group loads for every format / none; -DKVLAB_WGMMA_NO_SCALES_CF:
     the old scale order; session 14: -DKVLAB_WGMMA_S_FIRST, the old producer decode
     -DKVLAB_PF_NO_PACKED_DECODE, the K scales after the wait -DKVLAB_WGMMA_NO_KSC_EARLY, the V scales
-    early -DKVLAB_WGMMA_VSC_EARLY, the softmax's tree reductions -DKVLAB_WGMMA_TREE_REDUCE): every
-    instantiation
+    early -DKVLAB_WGMMA_VSC_EARLY, the softmax's tree reductions -DKVLAB_WGMMA_TREE_REDUCE, nvfp4's
+    scale bytes one by one -DKVLAB_PF_NO_NVFP4_SCALE_WORDS): every instantiation
     compiles for sm_90a with no spills and no stack, at exactly the 168 registers
     __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
     producer/consumer counts are computed from 168)."""
@@ -239,7 +239,8 @@ def test_wgmma_prefill_sass(monkeypatch, options):
 
 
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_PRODUCER_AHEAD", "-DKVLAB_WGMMA_NO_PRODUCER_AHEAD",
-                                     "-DKVLAB_WGMMA_RAW_SETS=2", "-DKVLAB_WGMMA_RAW_SETS=3"])
+                                     "-DKVLAB_WGMMA_RAW_SETS=2", "-DKVLAB_WGMMA_RAW_SETS=3",
+                                     "-DKVLAB_PF_NO_NVFP4_SCALE_WORDS"])
 def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
     """Producer ahead (the default since session 9, also named by -DKVLAB_WGMMA_PRODUCER_AHEAD;
     docs/notes-prefill-wgmma.md, "Session 9 candidate" and "Session 9: measured on the H200"): no
@@ -261,8 +262,11 @@ def test_wgmma_prefill_producer_ahead_sass(monkeypatch, options):
         ldg_before = len(re.findall(r"LDG\.E[^;]*;", producer[:producer.index("SYNCS.PHASECHK")]))
         # raw loads of one set: int8 / fp8 2 * d/8 words + 2 parameter words, int4 2 * d/16 + 4
         # (LDG.32: rows are 4-byte aligned; row-group loads, the default for int4: two rows per lane,
-        # two parameter words per side), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes
-        per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 4, 4: 2 * (d // 64) + 2 * (d // 32)}[fmt]
+        # two parameter words per side), nvfp4 2 * d/64 LDG.128 + 2 * d/32 scale bytes, or since
+        # session 14 (KVLAB_PF_NVFP4_SCALE_WORDS) one scale word per side plus the d/32 byte loads of
+        # the swizzled-V branch
+        nv_scales = 2 + d // 32 if "NO_NVFP4_SCALE_WORDS" not in options else 2 * (d // 32)
+        per_set = {1: 2 * (d // 8) + 2, 2: 2 * (d // 8) + 2, 3: 2 * (d // 16) + 4, 4: 2 * (d // 64) + nv_scales}[fmt]
         if ahead:
             sets = _wgmma_raw_sets(fmt, options)
             assert sets * per_set <= ldg_before < (sets + 1) * per_set, (fmt, d, sets, ldg_before)
@@ -314,7 +318,8 @@ def test_wgmma_prefill_s_first_exponentials_between_the_waits(monkeypatch):
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_WGMMA_KSC_EARLY -DKVLAB_WGMMA_NO_KSC_EARLY",
                                   "-DKVLAB_WGMMA_NO_KSC_EARLY -DKVLAB_WGMMA_VSC_EARLY",
-                                  "-DKVLAB_PF_PACKED_DECODE -DKVLAB_PF_NO_PACKED_DECODE"])
+                                  "-DKVLAB_PF_PACKED_DECODE -DKVLAB_PF_NO_PACKED_DECODE",
+                                  "-DKVLAB_PF_NVFP4_SCALE_WORDS -DKVLAB_PF_NO_NVFP4_SCALE_WORDS"])
 def test_wgmma_prefill_session14_switches_refused(opts, monkeypatch):
     """Session 14's prefill switches that contradict each other (a default with its NO_ switch; the V
     scales early without the K scales early) are an #error, not a silently mislabelled A/B build."""
