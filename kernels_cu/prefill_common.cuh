@@ -778,31 +778,12 @@ __device__ __forceinline__ void pf_softmax_update(float (&s)[NT][4], float (&acc
       }
     }
   }
-#if defined(KVLAB_WGMMA_TREE_REDUCE)
-  // the row maxima as a balanced tree (depth log2(2·NT) instead of a chain of NT + 1 FMNMX)
-  float t0[NT], t1[NT];
-#pragma unroll
-  for (int nt = 0; nt < NT; ++nt) {
-    t0[nt] = fmaxf(s[nt][0], s[nt][1]);
-    t1[nt] = fmaxf(s[nt][2], s[nt][3]);
-  }
-#pragma unroll
-  for (int w = NT / 2; w > 0; w /= 2) {
-#pragma unroll
-    for (int i = 0; i < w; ++i) {
-      t0[i] = fmaxf(t0[i], t0[i + w]);
-      t1[i] = fmaxf(t1[i], t1[i + w]);
-    }
-  }
-  float mx0 = t0[0], mx1 = t1[0];
-#else
   float mx0 = neg_inf(), mx1 = neg_inf();
 #pragma unroll
   for (int nt = 0; nt < NT; ++nt) {
     mx0 = fmaxf(mx0, fmaxf(s[nt][0], s[nt][1]));
     mx1 = fmaxf(mx1, fmaxf(s[nt][2], s[nt][3]));
   }
-#endif
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
   mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
   mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
