@@ -140,6 +140,13 @@ constexpr bool ws_rowgroup() {
 }
 template <bool B, class A, class C> struct PickType { using type = A; };
 template <class A, class C> struct PickType<false, A, C> { using type = C; };
+// Operand types of the two products: Traits', except int4 under -DKVLAB_WGMMA_KV_PRESCALE
+// (prefill_common.cuh, pf_kv_prescaled: the prescaled K tile is bf16, so Q·K runs on bf16).
+template <int FMT, int D, typename T>
+struct PfTypes {
+  using CT_QK = typename PickType<pf_kv_prescaled<FMT>(), __nv_bfloat16, typename Traits<FMT, D, T>::CT_QK>::type;
+  using CT_PV = typename Traits<FMT, D, T>::CT_PV;
+};
 // Registers per thread after setmaxnreg (multiples of 8 in 24 .. 256). setmaxnreg moves registers
 // inside the CTA's pool, which is what the launch allotted: 384 threads x WS_LAUNCH_REGS
 // (__launch_bounds__(384, 1) caps ptxas at 65,536 / 384 -> 168; tests/test_kernels_compile.py
@@ -239,8 +246,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                               int num_kv_heads, int num_q_heads, int bs_log2, float scale_log2,
                               float k_scale, float v_scale, int window, int swizzle_v) {
   using TR = Traits<FMT, D, T>;
-  using CTQ = typename TR::CT_QK;
-  using CTV = typename TR::CT_PV;
+  using CTQ = typename PfTypes<FMT, D, T>::CT_QK;
+  using CTV = typename PfTypes<FMT, D, T>::CT_PV;
   using SM = WsSmem<D>;
   using DS = WgDesc<D>;
   static_assert(D == 64 || D == 128, "prefill kernel: head sizes 64, 128 (256 uses the decode kernel)");
@@ -248,13 +255,15 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
   constexpr int NT = WG_KT / 8;      // 8-token n-tiles of S
   constexpr int ON = D / 8;          // 8-dim n-tiles of O
   constexpr int PC = WG_KT / 16;     // k16 steps of P·V
-  constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);
+  // per-token scales applied by the consumers (none for int4 under -DKVLAB_WGMMA_KV_PRESCALE)
+  constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8) && !pf_kv_prescaled<FMT>();
   static_assert(WG_KT * 2 == 128, "producer roles: token tid % 64, half row tid / 64");
   static_assert(128 * ws_producer_regs<FMT, D>() + 256 * ws_consumer_regs<FMT, D>() <= WS_THREADS * WS_LAUNCH_REGS,
                 "setmaxnreg: the consumers get no more than the producer released");
   static_assert(ws_producer_regs<FMT, D>() % 8 == 0 && ws_consumer_regs<FMT, D>() % 8 == 0 &&
                 ws_producer_regs<FMT, D>() >= 24 && ws_consumer_regs<FMT, D>() <= 256, "setmaxnreg operands");
   static_assert(!pf_v_prescaled<FMT>() || ws_rowgroup<FMT>(), "-DKVLAB_WGMMA_V_PRESCALE: row-group loads");
+  static_assert(!pf_kv_prescaled<FMT>() || ws_rowgroup<FMT>(), "-DKVLAB_WGMMA_KV_PRESCALE: row-group loads");
   using Loader = typename PickType<ws_rowgroup<FMT>(), PfRowGroupLoader<FMT, D, T, PfCore<D>>,
                                    PfTileLoader<FMT, D, T, WG_KT, PfCore<D>, 2>>::type;
 
@@ -447,7 +456,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
     const int cw = warp - 4, cwg = cw >> 2;
     const int g = lane >> 2, c = lane & 3;
-    pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
+    pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>, CTQ>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
                                                                cs_sm, q, cw, lane, nrow, tok0, G, qs, num_q_heads,
                                                                kvh, scale_log2, k_scale);
     wg::fence_proxy_async();  // Q rows: generic-proxy stores read by wgmma

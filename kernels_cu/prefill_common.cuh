@@ -254,6 +254,26 @@ __host__ __device__ constexpr bool pf_v_prescaled() {
 #endif
 }
 
+// -DKVLAB_WGMMA_KV_PRESCALE (int4, row-group loads; session 15): the producer stores both sides
+// already multiplied by their per-token scales, K = (c − zp)·s_k and V = (c − zp)·s_v, as bf16
+// (bf16 has fp32's range: int4's float32 scales are unbounded, fp16 could overflow or go
+// subnormal), and the Q·K product runs on bf16 operands too (PfTypes: the query rounded to bf16
+// instead of fp16). The consumers then have no per-token work at all: no scale loads, no multiply
+// of S by the K scales before the row max, none of P by the V scales (TOKSC false for int4), the
+// path nvfp4 already takes with its group scales. Numerics: each K and V element rounded to bf16
+// twice (the scale, the product), q to bf16 (2^-9 relative) instead of fp16 (2^-12): the operand
+// precision of bf16 attention over a bf16 cache (the SDPA baseline's).
+template <int FMT>
+__host__ __device__ constexpr bool pf_kv_prescaled() {
+#if defined(KVLAB_WGMMA_KV_PRESCALE)
+  return FMT == INT4;
+#else
+  return false;
+#endif
+}
+#if defined(KVLAB_WGMMA_KV_PRESCALE) && defined(KVLAB_WGMMA_V_PRESCALE)
+#error "KVLAB_WGMMA_KV_PRESCALE already prescales V: do not combine it with KVLAB_WGMMA_V_PRESCALE"
+#endif
 // Per-token scales of a 64-token tile in the wgmma kernel's order ("PERM"): the consumer lane with
 // column pair c (lane % 4) needs the scales of tokens 8nt + 2c + e (nt = 0..7, e = 0, 1) and reads
 // them as four 16-byte loads, float4 i holding (nt, e) = (2i, 0), (2i, 1), (2i+1, 0), (2i+1, 1).
@@ -481,7 +501,8 @@ struct PfRowGroupLoader {
   static constexpr int RB = (FMT == NVFP4) ? D / 2 : TR::ROW;      // bytes between rows of the data part
   static constexpr int S = D / 16;                                 // nvfp4 scale groups per row
   static constexpr int NG = (FMT == NVFP4) ? UL / 2 : 1;           // nvfp4 groups per lane and row
-  static constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8);
+  // per-token scales stored for the consumers (none for int4 under -DKVLAB_WGMMA_KV_PRESCALE)
+  static constexpr bool TOKSC = (FMT == INT4 || FMT == INT8 || FMT == FP8) && !pf_kv_prescaled<FMT>();
   static_assert(U % 4 == 0 && (FMT != NVFP4 || UL % 2 == 0), "d = 64 or 128");
 
   uint32_t rk[2][NW], rv[2][NW];
@@ -559,6 +580,15 @@ struct PfRowGroupLoader {
             const int i = k >> 1;  // the lane's group of the unit
             ko = dec_unit<FMT, false>(rk[g][k], 0u, pf_group_scale2(rkp[g], i));
             vo = dec_unit<FMT, true>(rv[g][k], 0u, pf_group_scale2(rvp[g], i));
+          } else if constexpr (FMT == INT4 && pf_kv_prescaled<FMT>()) {
+            // K and V = (c − zp)·s as bf16 (pf_kv_prescaled): the exact bf16 difference (dec_unit's
+            // V path on both sides), times the scale rounded to bf16
+            ko = dec_unit<FMT, true>(rk[g][k], 0u, (0x4300u | (rkp[g] & 0xFu)) * 0x10001u);
+            vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
+            const uint32_t ks2 = pack_f2<__nv_bfloat16>(__uint_as_float(rkp[g] & ~0xFu), __uint_as_float(rkp[g] & ~0xFu));
+            const uint32_t vs2 = pack_f2<__nv_bfloat16>(__uint_as_float(rvp[g] & ~0xFu), __uint_as_float(rvp[g] & ~0xFu));
+            ko.x = hmul2_bf(ko.x, ks2); ko.y = hmul2_bf(ko.y, ks2); ko.z = hmul2_bf(ko.z, ks2); ko.w = hmul2_bf(ko.w, ks2);
+            vo.x = hmul2_bf(vo.x, vs2); vo.y = hmul2_bf(vo.y, vs2); vo.z = hmul2_bf(vo.z, vs2); vo.w = hmul2_bf(vo.w, vs2);
           } else if constexpr (FMT == INT4) {
             ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
             vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
@@ -678,11 +708,12 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
 // over the 4 lanes (max is exact), and each 8-dim unit leaves as one 16-byte store in the stored
 // order of unit_dim. pf_stage_queries spends ~200 instructions per row (20 shuffles, 16-bit
 // stores, index math per element); this ~60.
-template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT>
+// CTQ: the Q·K operand type (the wgmma kernel's PfTypes; Traits' by default).
+template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT,
+          typename CTQ = typename Traits<FMT, D, T>::CT_QK>
 __device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_sm, const T* __restrict__ q,
                                                       int warp, int lane, int nrow, int tok0, int G, int qs,
                                                       int num_q_heads, int kvh, float scale_log2, float k_scale) {
-  using CTQ = typename Traits<FMT, D, T>::CT_QK;
   constexpr int QD = D / 4;
   const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;
   static_assert(ROWS % (8 * NWARPS) == 0, "8 rows per warp and pass");

@@ -118,7 +118,8 @@ def _wgmma_sass(exprs):
                                      "-DKVLAB_WGMMA_RAW_SETS=3",
                                      "-DKVLAB_WGMMA_S_FIRST -DKVLAB_PF_NO_PACKED_DECODE",
                                      "-DKVLAB_WGMMA_NO_KSC_EARLY", "-DKVLAB_WGMMA_VSC_EARLY",
-                                     "-DKVLAB_WGMMA_TREE_REDUCE", "-DKVLAB_PF_NO_NVFP4_SCALE_WORDS"])
+                                     "-DKVLAB_WGMMA_TREE_REDUCE", "-DKVLAB_PF_NO_NVFP4_SCALE_WORDS",
+                                     "-DKVLAB_WGMMA_KV_PRESCALE"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
     producer two tiles ahead since session 9, row-group loads for int4 and auto and the conflict-free
@@ -128,7 +129,8 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     the old scale order; session 14: -DKVLAB_WGMMA_S_FIRST, the old producer decode
     -DKVLAB_PF_NO_PACKED_DECODE, the K scales after the wait -DKVLAB_WGMMA_NO_KSC_EARLY, the V scales
     early -DKVLAB_WGMMA_VSC_EARLY, the softmax's tree reductions -DKVLAB_WGMMA_TREE_REDUCE, nvfp4's
-    scale bytes one by one -DKVLAB_PF_NO_NVFP4_SCALE_WORDS): every instantiation
+    scale bytes one by one -DKVLAB_PF_NO_NVFP4_SCALE_WORDS; session 15: int4's K and V scaled in the
+    producer, -DKVLAB_WGMMA_KV_PRESCALE): every instantiation
     compiles for sm_90a with no spills and no stack, at exactly the 168 registers
     __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
     producer/consumer counts are computed from 168)."""
