@@ -140,13 +140,6 @@ constexpr bool ws_rowgroup() {
 }
 template <bool B, class A, class C> struct PickType { using type = A; };
 template <class A, class C> struct PickType<false, A, C> { using type = C; };
-// Operand types of the two products: Traits', except int4 under -DKVLAB_WGMMA_KV_PRESCALE
-// (prefill_common.cuh, pf_kv_prescaled: the prescaled K tile is bf16, so Q·K runs on bf16).
-template <int FMT, int D, typename T>
-struct PfTypes {
-  using CT_QK = typename PickType<pf_kv_prescaled<FMT>(), __nv_bfloat16, typename Traits<FMT, D, T>::CT_QK>::type;
-  using CT_PV = typename Traits<FMT, D, T>::CT_PV;
-};
 // Registers per thread after setmaxnreg (multiples of 8 in 24 .. 256). setmaxnreg moves registers
 // inside the CTA's pool, which is what the launch allotted: 384 threads x WS_LAUNCH_REGS
 // (__launch_bounds__(384, 1) caps ptxas at 65,536 / 384 -> 168; tests/test_kernels_compile.py
@@ -246,8 +239,8 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
                               int num_kv_heads, int num_q_heads, int bs_log2, float scale_log2,
                               float k_scale, float v_scale, int window, int swizzle_v) {
   using TR = Traits<FMT, D, T>;
-  using CTQ = typename PfTypes<FMT, D, T>::CT_QK;
-  using CTV = typename PfTypes<FMT, D, T>::CT_PV;
+  using CTQ = typename TR::CT_QK;
+  using CTV = typename TR::CT_PV;
   using SM = WsSmem<D>;
   using DS = WgDesc<D>;
   static_assert(D == 64 || D == 128, "prefill kernel: head sizes 64, 128 (256 uses the decode kernel)");
@@ -456,7 +449,7 @@ paged_attention_prefill_wgmma(const T* __restrict__ q, T* __restrict__ out,
     setmaxnreg_inc<ws_consumer_regs<FMT, D>()>();
     const int cw = warp - 4, cwg = cw >> 2;
     const int g = lane >> 2, c = lane & 3;
-    pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>, CTQ>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
+    pf_stage_queries_quad<FMT, D, T, WG_ROWS, WS_CW, PfCore<D>>(reinterpret_cast<uint16_t*>(pf_smem + SM::Q_OFF),
                                                                cs_sm, q, cw, lane, nrow, tok0, G, qs, num_q_heads,
                                                                kvh, scale_log2, k_scale);
     wg::fence_proxy_async();  // Q rows: generic-proxy stores read by wgmma

@@ -254,15 +254,33 @@ __host__ __device__ constexpr bool pf_v_prescaled() {
 #endif
 }
 
-// -DKVLAB_WGMMA_KV_PRESCALE (int4, row-group loads; session 15): the producer stores both sides
-// already multiplied by their per-token scales, K = (c − zp)·s_k and V = (c − zp)·s_v, as bf16
-// (bf16 has fp32's range: int4's float32 scales are unbounded, fp16 could overflow or go
-// subnormal), and the Q·K product runs on bf16 operands too (PfTypes: the query rounded to bf16
-// instead of fp16). The consumers then have no per-token work at all: no scale loads, no multiply
-// of S by the K scales before the row max, none of P by the V scales (TOKSC false for int4), the
-// path nvfp4 already takes with its group scales. Numerics: each K and V element rounded to bf16
-// twice (the scale, the product), q to bf16 (2^-9 relative) instead of fp16 (2^-12): the operand
-// precision of bf16 attention over a bf16 cache (the SDPA baseline's).
+// KVLAB_WGMMA_KV_PRESCALE (int4, row-group loads; the default since session 15,
+// -DKVLAB_WGMMA_NO_KV_PRESCALE for A/B; -DKVLAB_WGMMA_V_PRESCALE builds session 13's V half alone
+// instead; -DKVLAB_WGMMA_NO_ROWGROUP turns it off with the loader it lives in): the producer stores
+// both sides already multiplied by their per-token scales, and the consumers carry no per-token work (no
+// scale loads, no multiply of S by the K scales before the row max, none of P by the V scales:
+// TOKSC false for int4), the path nvfp4 already takes with its group scales.
+//   K = (c − zp)·(s_k·2^-4) in fp16: Q·K stays on fp16 operands (the query keeps its fp16 rounding,
+//     2^-12; a first try with both in bf16 missed the tests' 5e-3 on peaked softmaxes: 5.2e-3 …
+//     7.7e-3). The factor 2^-4 (PF_K_PRESCALE, folded back into the row's softmax scale, exact)
+//     moves fp16's range to |k| ≤ 2^20: a token whose s_k exceeds 2^16 (15·s_k could leave it)
+//     gets NaN for a scale, so its rows' outputs are NaN, never a silently dropped or clipped key.
+//     At the small end, where s_k·2^-4 or the product falls under fp16's normal range (2^-14), a K
+//     element keeps an absolute error below 2^-17 (16 ulps of 2^-24, times 2^4): far below what
+//     moves a softmax.
+//   V = (c − zp)·s_v in bf16 (bf16 has fp32's range: nothing to guard), as -DKVLAB_WGMMA_V_PRESCALE.
+// Numerics: each K element rounded to fp16 twice (the scale, the product: 2^-11 each), each V
+// element to bf16 twice (2^-9 each); the NO_ build keeps both exact and rounds P·s_v once.
+#if !defined(KVLAB_WGMMA_NO_KV_PRESCALE) && !defined(KVLAB_WGMMA_KV_PRESCALE) && !defined(KVLAB_WGMMA_V_PRESCALE) && \
+    !defined(KVLAB_WGMMA_NO_ROWGROUP)
+#define KVLAB_WGMMA_KV_PRESCALE
+#endif
+#if defined(KVLAB_WGMMA_KV_PRESCALE) && defined(KVLAB_WGMMA_NO_ROWGROUP)
+#error "KVLAB_WGMMA_KV_PRESCALE is built into the row-group loader: not with KVLAB_WGMMA_NO_ROWGROUP"
+#endif
+#if defined(KVLAB_WGMMA_NO_KV_PRESCALE) && defined(KVLAB_WGMMA_KV_PRESCALE)
+#error "KVLAB_WGMMA_KV_PRESCALE (default) and KVLAB_WGMMA_NO_KV_PRESCALE exclude each other"
+#endif
 template <int FMT>
 __host__ __device__ constexpr bool pf_kv_prescaled() {
 #if defined(KVLAB_WGMMA_KV_PRESCALE)
@@ -271,6 +289,8 @@ __host__ __device__ constexpr bool pf_kv_prescaled() {
   return false;
 #endif
 }
+constexpr float PF_K_PRESCALE = 0.0625f;        // 2^-4, the factor on the prescaled K tile
+constexpr float PF_K_PRESCALE_MAX_SCALE = 65536.f;  // s_k above this: NaN (see above)
 #if defined(KVLAB_WGMMA_KV_PRESCALE) && defined(KVLAB_WGMMA_V_PRESCALE)
 #error "KVLAB_WGMMA_KV_PRESCALE already prescales V: do not combine it with KVLAB_WGMMA_V_PRESCALE"
 #endif
@@ -581,13 +601,15 @@ struct PfRowGroupLoader {
             ko = dec_unit<FMT, false>(rk[g][k], 0u, pf_group_scale2(rkp[g], i));
             vo = dec_unit<FMT, true>(rv[g][k], 0u, pf_group_scale2(rvp[g], i));
           } else if constexpr (FMT == INT4 && pf_kv_prescaled<FMT>()) {
-            // K and V = (c − zp)·s as bf16 (pf_kv_prescaled): the exact bf16 difference (dec_unit's
-            // V path on both sides), times the scale rounded to bf16
-            ko = dec_unit<FMT, true>(rk[g][k], 0u, (0x4300u | (rkp[g] & 0xFu)) * 0x10001u);
+            // pf_kv_prescaled: K = (c − zp)·(s_k·2^-4) in fp16 (NaN scale past the range), V =
+            // (c − zp)·s_v in bf16; the differences are exact (dec_unit), then one multiply each
+            const float sk = __uint_as_float(rkp[g] & ~0xFu), sv = __uint_as_float(rvp[g] & ~0xFu);
+            const float skp = sk <= PF_K_PRESCALE_MAX_SCALE ? sk * PF_K_PRESCALE : __uint_as_float(0x7fc00000u);
+            const uint32_t ks2 = pack_f2<__half>(skp, skp), vs2 = pack_f2<__nv_bfloat16>(sv, sv);
+            ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
             vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
-            const uint32_t ks2 = pack_f2<__nv_bfloat16>(__uint_as_float(rkp[g] & ~0xFu), __uint_as_float(rkp[g] & ~0xFu));
-            const uint32_t vs2 = pack_f2<__nv_bfloat16>(__uint_as_float(rvp[g] & ~0xFu), __uint_as_float(rvp[g] & ~0xFu));
-            ko.x = hmul2_bf(ko.x, ks2); ko.y = hmul2_bf(ko.y, ks2); ko.z = hmul2_bf(ko.z, ks2); ko.w = hmul2_bf(ko.w, ks2);
+            ko.x = attn::hmul2_bits(ko.x, ks2); ko.y = attn::hmul2_bits(ko.y, ks2);
+            ko.z = attn::hmul2_bits(ko.z, ks2); ko.w = attn::hmul2_bits(ko.w, ks2);
             vo.x = hmul2_bf(vo.x, vs2); vo.y = hmul2_bf(vo.y, vs2); vo.z = hmul2_bf(vo.z, vs2); vo.w = hmul2_bf(vo.w, vs2);
           } else if constexpr (FMT == INT4) {
             ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
@@ -708,14 +730,14 @@ __device__ __forceinline__ void pf_stage_queries(uint16_t* q_sm, float* cs_sm, c
 // over the 4 lanes (max is exact), and each 8-dim unit leaves as one 16-byte store in the stored
 // order of unit_dim. pf_stage_queries spends ~200 instructions per row (20 shuffles, 16-bit
 // stores, index math per element); this ~60.
-// CTQ: the Q·K operand type (the wgmma kernel's PfTypes; Traits' by default).
-template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT,
-          typename CTQ = typename Traits<FMT, D, T>::CT_QK>
+template <int FMT, int D, typename T, int ROWS, int NWARPS, class LAYOUT>
 __device__ __forceinline__ void pf_stage_queries_quad(uint16_t* q_sm, float* cs_sm, const T* __restrict__ q,
                                                       int warp, int lane, int nrow, int tok0, int G, int qs,
                                                       int num_q_heads, int kvh, float scale_log2, float k_scale) {
+  using CTQ = typename Traits<FMT, D, T>::CT_QK;
   constexpr int QD = D / 4;
-  const float kfold = (FMT == NVFP4) ? 128.f * k_scale : 1.f;
+  // nvfp4: the global K scale; int4 under -DKVLAB_WGMMA_KV_PRESCALE: 2^4 (PF_K_PRESCALE undone)
+  const float kfold = (FMT == NVFP4) ? 128.f * k_scale : pf_kv_prescaled<FMT>() ? 1.f / PF_K_PRESCALE : 1.f;
   static_assert(ROWS % (8 * NWARPS) == 0, "8 rows per warp and pass");
   static_assert(sizeof(T) == 2 && QD % 8 == 0, "16-bit queries, whole 16-byte chunks per lane");
   const int rr = lane >> 2, qc = lane & 3;

@@ -119,7 +119,8 @@ def _wgmma_sass(exprs):
                                      "-DKVLAB_WGMMA_S_FIRST -DKVLAB_PF_NO_PACKED_DECODE",
                                      "-DKVLAB_WGMMA_NO_KSC_EARLY", "-DKVLAB_WGMMA_VSC_EARLY",
                                      "-DKVLAB_WGMMA_TREE_REDUCE", "-DKVLAB_PF_NO_NVFP4_SCALE_WORDS",
-                                     "-DKVLAB_WGMMA_KV_PRESCALE"])
+                                     "-DKVLAB_WGMMA_KV_PRESCALE", "-DKVLAB_WGMMA_NO_KV_PRESCALE",
+                                     "-DKVLAB_WGMMA_V_PRESCALE"])
 def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     """The warp-specialised wgmma prefill (kernels_cu/paged_prefill_wgmma.cu), default build (the
     producer two tiles ahead since session 9, row-group loads for int4 and auto and the conflict-free
@@ -130,7 +131,8 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     -DKVLAB_PF_NO_PACKED_DECODE, the K scales after the wait -DKVLAB_WGMMA_NO_KSC_EARLY, the V scales
     early -DKVLAB_WGMMA_VSC_EARLY, the softmax's tree reductions -DKVLAB_WGMMA_TREE_REDUCE, nvfp4's
     scale bytes one by one -DKVLAB_PF_NO_NVFP4_SCALE_WORDS; session 15: int4's K and V scaled in the
-    producer, -DKVLAB_WGMMA_KV_PRESCALE): every instantiation
+    producer, -DKVLAB_WGMMA_KV_PRESCALE, now the default, -DKVLAB_WGMMA_NO_KV_PRESCALE, and session 13's
+    V half alone, -DKVLAB_WGMMA_V_PRESCALE): every instantiation
     compiles for sm_90a with no spills and no stack, at exactly the 168 registers
     __launch_bounds__(384, 1) gives (setmaxnreg moves registers inside that pool: the kernel's
     producer/consumer counts are computed from 168)."""
@@ -286,23 +288,29 @@ def _consumer_loop_first_pass(f):
 
 def test_wgmma_prefill_k_scales_before_the_issue(monkeypatch):
     """KVLAB_WGMMA_KSC_EARLY (the default since session 14, docs/perf-notes.md "Session 14"): for the
-    formats with per-token scales (int8, fp8, int4) the four 16-byte K-scale loads of a tile sit
-    between the consumer's full-barrier wait and its turn barrier, i.e. before the wgmma issue
-    and the wait for the products; measured int4 -3.8 %. Fails if they move back after the wgmma
-    wait (the -DKVLAB_WGMMA_NO_KSC_EARLY build is checked to be the counterexample)."""
-    def lds_before_issue(options):
+    formats whose consumers apply per-token scales (int8, fp8; int4 until session 15) the four
+    16-byte K-scale loads of a tile sit between the consumer's full-barrier wait and its turn
+    barrier, i.e. before the wgmma issue and the wait for the products; measured int4 -3.8 %. Fails
+    if they move back after the wgmma wait (the -DKVLAB_WGMMA_NO_KSC_EARLY build is checked to be the
+    counterexample). Since session 15 int4's producer scales K and V itself (KVLAB_WGMMA_KV_PRESCALE):
+    its default consumers load no scales there, its -DKVLAB_WGMMA_NO_KV_PRESCALE build does."""
+    def lds_before_issue(options, fmts):
         out = {}
         for fmt, d, f in _wgmma_sass_functions(monkeypatch, options, ("C7518", "C7510", "arning")):
-            if fmt not in (1, 2, 3):
+            if fmt not in fmts:
                 continue
             loop = _consumer_loop_first_pass(f)
             head = loop[:loop.index("WARPGROUP.ARRIVE")]
             out[(fmt, d)] = len(re.findall(r"LDS\.128", head))
         return out
-    early = lds_before_issue("")
+    early = lds_before_issue("", (1, 2))
     assert early and all(n >= 4 for n in early.values()), early
-    late = lds_before_issue("-DKVLAB_WGMMA_NO_KSC_EARLY")
+    late = lds_before_issue("-DKVLAB_WGMMA_NO_KSC_EARLY", (1, 2))
     assert all(n == 0 for n in late.values()), late
+    prescaled = lds_before_issue("", (3,))
+    assert prescaled and all(n == 0 for n in prescaled.values()), prescaled
+    int4_old = lds_before_issue("-DKVLAB_WGMMA_NO_KV_PRESCALE", (3,))
+    assert int4_old and all(n >= 4 for n in int4_old.values()), int4_old
 
 
 def test_wgmma_prefill_s_first_exponentials_between_the_waits(monkeypatch):
@@ -321,10 +329,15 @@ def test_wgmma_prefill_s_first_exponentials_between_the_waits(monkeypatch):
 @pytest.mark.parametrize("opts", ["-DKVLAB_WGMMA_KSC_EARLY -DKVLAB_WGMMA_NO_KSC_EARLY",
                                   "-DKVLAB_WGMMA_NO_KSC_EARLY -DKVLAB_WGMMA_VSC_EARLY",
                                   "-DKVLAB_PF_PACKED_DECODE -DKVLAB_PF_NO_PACKED_DECODE",
-                                  "-DKVLAB_PF_NVFP4_SCALE_WORDS -DKVLAB_PF_NO_NVFP4_SCALE_WORDS"])
+                                  "-DKVLAB_PF_NVFP4_SCALE_WORDS -DKVLAB_PF_NO_NVFP4_SCALE_WORDS",
+                                  "-DKVLAB_WGMMA_KV_PRESCALE -DKVLAB_WGMMA_NO_KV_PRESCALE",
+                                  "-DKVLAB_WGMMA_KV_PRESCALE -DKVLAB_WGMMA_V_PRESCALE",
+                                  "-DKVLAB_WGMMA_KV_PRESCALE -DKVLAB_WGMMA_NO_ROWGROUP"])
 def test_wgmma_prefill_session14_switches_refused(opts, monkeypatch):
-    """Session 14's prefill switches that contradict each other (a default with its NO_ switch; the V
-    scales early without the K scales early) are an #error, not a silently mislabelled A/B build."""
+    """Session 14's and 15's prefill switches that contradict each other (a default with its NO_ switch;
+    the V scales early without the K scales early; int4's K and V prescaled together with the V half
+    alone, or without the row-group loader that does it) are an #error, not a silently mislabelled
+    A/B build."""
     _check_ptx_build(monkeypatch, "paged_prefill_wgmma", "paged_attention_prefill_wgmma<3, 128, __nv_bfloat16>",
                      opts, ok=False)
 

@@ -101,8 +101,11 @@ def to_host(x):
 
 
 def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_lens,
-               q_dtype=NUMPY_BF16, global_scale=False):
-    """A ragged batch: random K/V written with the NumPy reference into a shuffled paged cache."""
+               q_dtype=NUMPY_BF16, global_scale=False, key_mult=None, q_mult=1.0):
+    """A ragged batch: random K/V written with the NumPy reference into a shuffled paged cache.
+
+    ``key_mult``: optional float64 factors, one per cached token (sequences concatenated, positions in
+    order), multiplied into the keys (range tests); ``q_mult`` multiplies the queries."""
     fmt_obj = get_format(fmt) if isinstance(fmt, str) else fmt
     q_lens = np.asarray(q_lens, np.int64)
     kv_lens = np.asarray(kv_lens, np.int64)
@@ -126,7 +129,8 @@ def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_
     n = len(slots)
     # per-token magnitudes vary over two decades: scales and zero points get exercised
     mag = np.exp(rng.normal(0.0, 0.7, size=(n, num_kv_heads, 1)))
-    key = (rng.standard_normal((n, num_kv_heads, head_size)) * mag).astype(q_dtype)
+    kmul = 1.0 if key_mult is None else np.asarray(key_mult, np.float64).reshape(n, 1, 1)
+    key = (rng.standard_normal((n, num_kv_heads, head_size)) * mag * kmul).astype(q_dtype)
     value = (rng.standard_normal((n, num_kv_heads, head_size)) * mag + 0.3).astype(q_dtype)
     ks = vs = 1.0
     if global_scale:
@@ -141,7 +145,7 @@ def build_case(rng, fmt, num_kv_heads, group, head_size, block_size, q_lens, kv_
     reference.reshape_and_cache(key, value, cache, slots, fmt_obj, ks, vs)
     T = int(q_lens.sum())
     Hq = num_kv_heads * group
-    q = (rng.standard_normal((T, Hq, head_size)) * 1.5).astype(q_dtype)
+    q = (rng.standard_normal((T, Hq, head_size)) * 1.5 * q_mult).astype(q_dtype)
     qsl = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
     return dict(q=q, kv_cache=cache, block_table=block_table, seq_lens=kv_lens.astype(np.int32),
                 query_start_loc=qsl, kv_cache_dtype=fmt_obj, k_scale=ks, v_scale=vs)

@@ -18,6 +18,8 @@ the online softmax in log2 units with P' rounded to the P·V operand type — ag
 """
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -95,6 +97,50 @@ def test_variants_agree_at_the_bench_shape(rng, fmt):
         check_close(out, ref, "bfloat16", f"{fmt} T={T} {pv}")
 
 
+def _int4_wgmma_prescaled():
+    """Whether this process builds the wgmma prefill with int4's K and V scaled by the producer
+    (KVLAB_WGMMA_KV_PRESCALE, the default since session 15; kernels_cu/prefill_common.cuh): not with
+    -DKVLAB_WGMMA_NO_KV_PRESCALE, -DKVLAB_WGMMA_V_PRESCALE or -DKVLAB_WGMMA_NO_ROWGROUP in
+    KVLAB_NVRTC_OPTIONS."""
+    opts = os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
+    return not any(o in opts for o in ("-DKVLAB_WGMMA_NO_KV_PRESCALE", "-DKVLAB_WGMMA_V_PRESCALE",
+                                       "-DKVLAB_WGMMA_NO_ROWGROUP"))
+
+
+@pytest.mark.gpu
+def test_int4_keys_over_seven_decades(rng, prefill_variant):
+    """int4 keys whose magnitudes span 10^-3 … 10^3.5 from token to token (scales ~10^-4 … 10^4): the
+    wgmma kernel's prescaled K tile (fp16, times 2^-4) must keep the large ones finite and the small
+    ones (fp16 subnormals after the factor) accurate. The queries are scaled down so that the large
+    keys give logits of a few units: a softmax that neither ignores nor saturates on them."""
+    T = 300
+    kmul = 10.0 ** rng.uniform(-3.0, 3.5, size=T)
+    case = build_case(rng, "int4_per_token_head", 2, 4, 128, 16, [T], [T], key_mult=kmul, q_mult=1e-3)
+    out, plan = run_gpu(case, prefill_kernel=True, prefill_variant=prefill_variant)
+    assert plan.n_pf > 0
+    check_close(out, run_ref(case), "bfloat16", f"int4 key range {prefill_variant}")
+
+
+@pytest.mark.gpu
+def test_int4_key_past_the_prescaled_range(rng, prefill_variant):
+    """One token's int4 key scale far above 2^16 (|k| ~ 10^6): the wgmma kernel's prescaled K tile cannot
+    hold it (PF_K_PRESCALE_MAX_SCALE), so every row that sees that token must come out NaN — loud, not
+    a silently dropped or clipped key — and every row before it exact as usual. The mma kernel and the
+    -DKVLAB_WGMMA_NO_KV_PRESCALE build take such scales in float32 and must match the reference."""
+    T, big = 200, 120
+    kmul = np.ones(T)
+    kmul[big] = 1e6
+    case = build_case(rng, "int4_per_token_head", 2, 4, 128, 16, [T], [T], key_mult=kmul, q_mult=1e-6)
+    out, plan = run_gpu(case, prefill_kernel=True, prefill_variant=prefill_variant)
+    assert plan.n_pf > 0
+    ref = run_ref(case)
+    if prefill_variant == "wgmma" and _int4_wgmma_prescaled():
+        assert np.isnan(out[big:]).all(), "rows that see the out-of-range key must be NaN"
+        check_close(out[:big], ref[:big], "bfloat16", "int4 rows before the out-of-range key")
+    else:
+        check_close(out, ref, "bfloat16", f"int4 out-of-range key {prefill_variant}")
+
+
 # ---------------------------------------------------------------- NumPy emulation (no GPU)
 def _unit_dim(F, p):
     if F in (3, 4):
@@ -153,8 +199,13 @@ def _decode_row(F, side, raw, prm, sfb, D, e4m3_decode, bf16):
     return out, np.float32(sc)
 
 
-def emulate_prefill(case, window=0, KT=64, ROWS=128):
-    """NumPy emulation of paged_attention_prefill (every sequence on the prefill kernel)."""
+def emulate_prefill(case, window=0, KT=64, ROWS=128, kv_prescale=False):
+    """NumPy emulation of paged_attention_prefill (every sequence on the prefill kernel).
+
+    ``kv_prescale`` (int4): the wgmma kernel's KVLAB_WGMMA_KV_PRESCALE tiles instead (the default
+    there since session 15; kernels_cu/prefill_common.cuh): K = fp16(c − zp)·fp16(s_k·2^-4) rounded to
+    fp16, V = bf16(c − zp)·bf16(s_v) rounded to bf16, no per-token scale left for the softmax, the
+    factor 2^4 in the rows' softmax scale."""
     import ml_dtypes
 
     from kvlab import get_format
@@ -203,11 +254,19 @@ def emulate_prefill(case, window=0, KT=64, ROWS=128):
                         if side == 1 and swz:
                             t2, gg = (tt // 4) * 4 + grp // (S // 4), (grp % (S // 4)) * 4 + tt % 4
                         sfb.append(int(fl[side * side_stride + dp + (t2 * Hkv + kvh) * S + gg]))
-            memo[key] = _decode_row(F, side, raw, prm, sfb, D, e4m3_decode, bf16)
+            vals, sc = _decode_row(F, side, raw, prm, sfb, D, e4m3_decode, bf16)
+            if F == 3 and kv_prescale:
+                if side == 0:
+                    skp = np.float16(sc * np.float32(2.0 ** -4)) if sc <= 65536.0 else np.float16(np.nan)
+                    vals = (vals.astype(np.float16) * skp).astype(np.float32)
+                else:
+                    vals = (vals.astype(bf16) * bf16(sc)).astype(bf16).astype(np.float32)
+                sc = np.float32(1)
+            memo[key] = (vals, sc)
         return memo[key]
 
     out = np.zeros((T, Hq, D), np.float64)
-    kfold = np.float32(128.0 * case["k_scale"]) if F == 4 else np.float32(1)
+    kfold = np.float32(128.0 * case["k_scale"]) if F == 4 else np.float32(16 if F == 3 and kv_prescale else 1)
     vfac = np.float32(128.0 * case["v_scale"]) if F == 4 else (np.float32(2.0 ** 56) if F == 2 else np.float32(1))
     for seq in range(len(sl)):
         qs, Lq, L = int(qsl[seq]), int(qsl[seq + 1] - qsl[seq]), int(sl[seq])
@@ -288,9 +347,11 @@ def emulate_prefill(case, window=0, KT=64, ROWS=128):
     return out
 
 
-@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("fmt", FORMATS + ("int4_per_token_head+kv_prescale",))
 def test_prefill_emulation_matches_reference(fmt):
-    """The kernel's algebra (NumPy emulation, no GPU) against the float64 reference."""
+    """The kernel's algebra (NumPy emulation, no GPU) against the float64 reference; for int4 also the
+    wgmma kernel's prescaled tiles (``+kv_prescale``)."""
+    fmt, _, extra = fmt.partition("+")
     pytest.importorskip("ml_dtypes")
     rng = np.random.default_rng(5)
     for (hkv, g, d, bs), win in (((1, 4, 128, 16), 0), ((1, 3, 64, 32), 50)):
@@ -298,7 +359,7 @@ def test_prefill_emulation_matches_reference(fmt):
         ref = reference.paged_attention(case["q"], case["kv_cache"], case["block_table"], case["seq_lens"],
                                         case["query_start_loc"], case["kv_cache_dtype"], None, case["k_scale"],
                                         case["v_scale"], win or None, out_dtype=np.float64)
-        emu = emulate_prefill(case, win)
+        emu = emulate_prefill(case, win, kv_prescale=extra == "kv_prescale")
         emu = emu.astype(np.float32).astype(NUMPY_BF16).astype(np.float64)
         check_close(emu, ref, "bfloat16", f"emulation {fmt} d={d} window={win}")
 
