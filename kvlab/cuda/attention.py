@@ -679,6 +679,12 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     compute capability 9.0, ``"mma"`` elsewhere); the plan's ``prefill_variant`` is the kernel it
     launches. An explicit ``"wgmma"`` on a device that is not compute capability 9.0 raises
     ``ValueError``.
+
+    Range of the ``"wgmma"`` kernel with ``int4_per_token_head``: its producer scales K into fp16
+    tiles (times 2^-4, ``kernels_cu/prefill_common.cuh``, ``KVLAB_WGMMA_KV_PRESCALE``), which hold
+    dequantized keys up to about 10^6 in magnitude; a token whose K scale exceeds 2^16 makes the
+    output rows that attend to it NaN (never a silently dropped key). The ``"mma"`` kernel and the
+    decode kernels apply K scales in float32 and have no such limit.
     """
     decode_variant, _ = _variant_choice(decode_variant, "KVLAB_DECODE_VARIANT", DEFAULT_DECODE_VARIANT,
                                         DECODE_VARIANTS, "decode_variant")

@@ -10,7 +10,9 @@ Tolerance (``check_close``), per output dtype:
   alone is up to 2^-9 (≈ 2e-3) relative per element (RMS ≈ 1.1e-3); the kernel also rounds
   P (softmax weights, times the V scale) to bf16 before the P·V mma (2^-9 relative per weight,
   random sign, averaged over many keys) and q to fp16 for Q·K (2^-12); everything is
-  accumulated in float32. Together these stay well under 5e-3; a wrong mask, a missed split or
+  accumulated in float32 (the wgmma prefill's int4 tiles instead carry K = (c − zp)·s_k rounded to
+  fp16 and V = (c − zp)·s_v rounded to bf16, twice each, and P unscaled; tests/gpu/test_prefill_gpu.py
+  emulates both). Together these stay well under 5e-3; a wrong mask, a missed split or
   a mis-decoded element moves the error by orders of magnitude (see
   ``test_tolerance_rejects_wrong_outputs``).
 * fp16 output: relative L2 ≤ 3e-3 (output rounding 2^-12, the bf16 P rounding dominates).
