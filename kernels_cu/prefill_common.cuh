@@ -600,26 +600,23 @@ struct PfRowGroupLoader {
             const int i = k >> 1;  // the lane's group of the unit
             ko = dec_unit<FMT, false>(rk[g][k], 0u, pf_group_scale2(rkp[g], i));
             vo = dec_unit<FMT, true>(rv[g][k], 0u, pf_group_scale2(rvp[g], i));
-          } else if constexpr (FMT == INT4 && pf_kv_prescaled<FMT>()) {
-            // pf_kv_prescaled: K = (c − zp)·(s_k·2^-4) in fp16 (NaN scale past the range), V =
-            // (c − zp)·s_v in bf16; the differences are exact (dec_unit), then one multiply each
+          } else if constexpr (FMT == INT4) {
+            // the differences c − zp, exact (dec_unit): K in fp16, V in bf16; prescaled (pf_kv_prescaled,
+            // pf_v_prescaled): times the scale, K = (c − zp)·(s_k·2^-4) in fp16 with a NaN scale past
+            // the range, V = (c − zp)·s_v in bf16 (one rounding of the scale, one of the product)
+            constexpr bool PK = pf_kv_prescaled<FMT>(), PV = PK || pf_v_prescaled<FMT>();
             const float sk = __uint_as_float(rkp[g] & ~0xFu), sv = __uint_as_float(rvp[g] & ~0xFu);
             const float skp = sk <= PF_K_PRESCALE_MAX_SCALE ? sk * PF_K_PRESCALE : __uint_as_float(0x7fc00000u);
-            const uint32_t ks2 = pack_f2<__half>(skp, skp), vs2 = pack_f2<__nv_bfloat16>(sv, sv);
+            const uint32_t ks2 = PK ? pack_f2<__half>(skp, skp) : 0u, vs2 = PV ? pack_f2<__nv_bfloat16>(sv, sv) : 0u;
             ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
             vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
-            ko.x = attn::hmul2_bits(ko.x, ks2); ko.y = attn::hmul2_bits(ko.y, ks2);
-            ko.z = attn::hmul2_bits(ko.z, ks2); ko.w = attn::hmul2_bits(ko.w, ks2);
-            vo.x = hmul2_bf(vo.x, vs2); vo.y = hmul2_bf(vo.y, vs2); vo.z = hmul2_bf(vo.z, vs2); vo.w = hmul2_bf(vo.w, vs2);
-          } else if constexpr (FMT == INT4) {
-            ko = dec_unit<FMT, false>(rk[g][k], 0u, (0x6400u | (rkp[g] & 0xFu)) * 0x10001u);
-            vo = dec_unit<FMT, true>(rv[g][k], 0u, (0x4300u | (rvp[g] & 0xFu)) * 0x10001u);
-#if defined(KVLAB_WGMMA_V_PRESCALE)
-            // V = (c − zp)·s_v in bf16 (pf_v_prescaled): one rounding of the scale, one of the product
-            const float vs = __uint_as_float(rvp[g] & ~0xFu);
-            const uint32_t s2 = pack_f2<__nv_bfloat16>(vs, vs);
-            vo.x = hmul2_bf(vo.x, s2); vo.y = hmul2_bf(vo.y, s2); vo.z = hmul2_bf(vo.z, s2); vo.w = hmul2_bf(vo.w, s2);
-#endif
+            if constexpr (PK) {
+              ko.x = attn::hmul2_bits(ko.x, ks2); ko.y = attn::hmul2_bits(ko.y, ks2);
+              ko.z = attn::hmul2_bits(ko.z, ks2); ko.w = attn::hmul2_bits(ko.w, ks2);
+            }
+            if constexpr (PV) {
+              vo.x = hmul2_bf(vo.x, vs2); vo.y = hmul2_bf(vo.y, vs2); vo.z = hmul2_bf(vo.z, vs2); vo.w = hmul2_bf(vo.w, vs2);
+            }
           } else {
             ko = dec_unit<FMT, false>(rk[g][2 * k], rk[g][2 * k + 1], 0u);
             vo = dec_unit<FMT, true>(rv[g][2 * k], rv[g][2 * k + 1], 0u);
