@@ -11,7 +11,12 @@ output are < 0.1 % and not counted). Baselines in the same process:
 * torch ``scaled_dot_product_attention`` on a contiguous bf16 cache ``(B, H_kv, L, d)``
   with ``enable_gqa=True`` — ``ratio_vs_baseline`` = time / this time;
 * kvlab's own ``auto`` (bf16) paged kernel (a row of its own);
-* a device-to-device copy moving the same bytes (``frac_of_copy`` = GB/s / copy GB/s).
+* a device-to-device copy moving the same bytes (``frac_of_copy`` = GB/s / copy GB/s);
+* per distinct cache size of a case (``floors.py``): a **read floor** row (the fastest of a few
+  pure streaming reads of that many bytes, the least time a call reading its cache once can
+  take under this timer) and, for the quantized formats, **torch SDPA at equal bytes** (SDPA on
+  a bf16 cache of the same byte count: the context shortened by ``row_bytes / 2d``). Each kvlab
+  row's notes give its time over the read floor of its bytes.
 
 Every kvlab format runs on both decode kernels, side by side (``impl`` = ``kvlab <format>
 [<variant>]``): ``per_head`` (``paged_attention_decode``, one CTA per KV head gathering rows)
@@ -32,6 +37,7 @@ from __future__ import annotations
 
 import math
 
+from . import floors
 from .timing import bench_ms, copy_bandwidth_gbps, gbps
 
 NAME = "decode"
@@ -48,6 +54,51 @@ def _grid(quick):
     full = [(b, c) for b in (1, 8, 32, 64) for c in (1024, 8192, 32768, 131072) if b * c <= MAX_TOKENS]
     small = [(b, c) for b in (1, 32) for c in (8192, 131072) if b * c <= MAX_TOKENS]
     return [((32, 8, 128), full + [(64, 4096)]), ((9, 3, 64), small), ((32, 8, 64), small)]
+
+
+def _row_bytes(name, d):
+    import kvlab
+
+    return 2 * d if name == "auto" else kvlab.get_format(name).row_bytes(d)
+
+
+def _distinct_sizes(d):
+    """Formats grouped by row bytes, in FORMATS order: ``{row_bytes: [format, ...]}``."""
+    sizes = {}
+    for name in FORMATS:
+        sizes.setdefault(_row_bytes(name, d), []).append(name)
+    return sizes
+
+
+def _floor_rows(torch, case, B, ctx, Hkv, d, names, row_bytes, k_c, v_c, q_c, scale, base_ms, repeats):
+    """The read floor and (quantized formats) SDPA-at-equal-bytes rows of one cache size."""
+    label = "/".join(n.replace("_per_token_head", "") for n in names)
+    nbytes = 2 * B * ctx * Hkv * row_bytes
+    fl = floors.read_floor(nbytes, repeats)
+    cp = copy_bandwidth_gbps(fl["bytes"], repeats)
+    g = gbps(fl["bytes"], fl["median_ms"])
+    others = "; ".join(f"{k}: {v:.4f} ms" if isinstance(v, float) else f"{k}: {v}"
+                       for k, v in fl["per_config"].items() if k != fl["config"])
+    rows = [dict(suite=NAME, case=case, impl=f"read floor [{label} bytes]", median_ms=fl["median_ms"],
+                 bytes=fl["bytes"], gbps=g, frac_of_copy=g / cp, ratio_vs_baseline=fl["median_ms"] / base_ms,
+                 notes=f"fastest pure streaming read of these bytes (ring probe, contiguous): {fl['config']}; "
+                       f"also {others}")]
+    if names != ["auto"]:
+        ctx_eq = floors.equal_bytes_context(ctx, row_bytes, d)
+        k_e = k_c[:, :, :ctx_eq].contiguous() if ctx_eq <= ctx else None
+        v_e = v_c[:, :, :ctx_eq].contiguous() if ctx_eq <= ctx else None
+        if k_e is not None:
+            r = bench_ms(lambda: _sdpa(torch, q_c, k_e, v_e, scale), repeats)
+            eq_bytes = 2 * B * ctx_eq * Hkv * 2 * d
+            g = gbps(eq_bytes, r["median_ms"])
+            rows.append(dict(suite=NAME, case=case, impl=f"torch SDPA bf16 at {label} bytes (L={ctx_eq})",
+                             median_ms=r["median_ms"], bytes=eq_bytes, gbps=g,
+                             frac_of_copy=g / copy_bandwidth_gbps(eq_bytes, repeats),
+                             ratio_vs_baseline=r["median_ms"] / base_ms,
+                             notes="SDPA on a contiguous bf16 cache of the format's byte count: the time the "
+                                   "format's call would take at torch's efficiency per byte, fixed costs included"))
+            del k_e, v_e
+    return fl["median_ms"], rows
 
 
 def _sdpa(torch, q, k, v, scale):
@@ -87,7 +138,8 @@ def run(quick: bool, progress) -> list[dict]:
 
     repeats = 10 if quick else 30
     grid = _grid(quick)
-    progress.total(sum(len(cases) * (len(FORMATS) * len(VARIANTS) + 1) for _, cases in grid))
+    progress.total(sum(len(cases) * (len(FORMATS) * len(VARIANTS) + 1 + len(_distinct_sizes(d)))
+                       for (_, _, d), cases in grid))
     rows = []
     for (Hq, Hkv, d), cases in grid:
         for B, ctx in cases:
@@ -106,15 +158,21 @@ def run(quick: bool, progress) -> list[dict]:
                              median_ms=base["median_ms"], bytes=bytes_bf16, gbps=g_b,
                              frac_of_copy=g_b / cp_bf16, ratio_vs_baseline=1.0,
                              notes=f"contiguous cache, enable_gqa; copy {cp_bf16:.0f} GB/s"))
-            del k_c, v_c
             progress(f"{case} sdpa")
+            floor_ms = {}
+            for rb, names in _distinct_sizes(d).items():
+                floor_ms[rb], frows = _floor_rows(torch, case, B, ctx, Hkv, d, names, rb, k_c, v_c, q_c,
+                                                  scale, base["median_ms"], repeats)
+                rows.extend(frows)
+                progress(f"{case} floor {rb} B/row")
+            floors.release()
+            del k_c, v_c
             for name in FORMATS:
-                fmt = kvlab.get_format(name)
                 cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, Hkv, d, like=b["key"])
                 kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
                 args = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
                 out = torch.empty_like(b["q"])
-                row_bytes = 2 * d if name == "auto" else fmt.row_bytes(d)
+                row_bytes = _row_bytes(name, d)
                 nbytes = 2 * B * ctx * Hkv * row_bytes
                 cp = copy_bandwidth_gbps(nbytes, repeats)
                 for variant in VARIANTS:
@@ -129,6 +187,7 @@ def run(quick: bool, progress) -> list[dict]:
                              f"byte floor {row_bytes / (2 * d):.3f}x bf16")
                     if plan.decode_variant_note:
                         notes += f"; {plan.decode_variant_note}"
+                    notes += f"; {r['median_ms'] / floor_ms[row_bytes]:.2f}x read floor"
                     notes += f"; host {r['host_ms']:.3f} ms/call (not timed)"
                     if (B, ctx, d) == (64, 4096, 128) and name == "int4_per_token_head":
                         notes += f"; vLLM Triton INT4 {VLLM_TRITON_INT4_MS} ms (quoted) -> " \

@@ -8,6 +8,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
+from kvlab.bench.floors import READ_FLOOR_CONFIGS  # noqa: E402
 from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, expected_sink, stream  # noqa: E402
 
 
@@ -23,6 +24,7 @@ CASES = [
     RingConfig("warp split 8", mode="bulk_warp", chunk=8704, per_stage=4, nbuf=3, split=8),
     RingConfig("warp evict_first", mode="bulk_warp", chunk=4096, per_stage=2, nbuf=4, evict_first=True),
     RingConfig("thread no touch", chunk=4096, per_stage=2, nbuf=2, touch=False),
+    *READ_FLOOR_CONFIGS,   # the decode suite's read-floor rows (kvlab/bench/floors.py)
 ]
 
 

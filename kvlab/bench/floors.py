@@ -1,0 +1,122 @@
+"""Same-run floors of the decode suite: how fast can *any* call that reads a cache of N bytes be,
+under the suite's own timer?
+
+The issue-4 targets compare a kvlab decode call with torch SDPA on the bf16 cache; the "byte
+floor" there (``row_bytes / 2d``, 0.266× for int4 at d = 128) assumes that time scales with
+bytes. It does not quite: a call also has a fixed part (launch, ramp-up, tail, the timer's cold
+L2 with its dirty lines). Two rows per distinct cache size make that visible, measured in the
+same process as the kernels (docs/perf-notes.md, "Session 16"):
+
+* **read floor** (:func:`read_floor`): the ring probe (``kernels_cu/ring_probe.cu``, a kernel
+  that only streams bytes and XORs them into a sink) reading the same number of bytes,
+  contiguous, in each of :data:`READ_FLOOR_CONFIGS`; the row keeps the fastest. It does no
+  math, writes ~0.1 % of what it reads and launches one kernel: a decode call that reads its
+  cache once cannot beat it by more than the timer's noise.
+* **SDPA at equal bytes** (:func:`equal_bytes_context`): torch SDPA on a bf16 cache of the
+  same byte count — the same batch and heads with the context shortened by ``row_bytes / 2d``
+  — i.e. what the format's call would take if kvlab read bytes as efficiently as torch's own
+  attention kernel does, fixed costs included.
+
+Both are timed with :func:`kvlab.bench.timing.bench_ms` like every other row.
+"""
+from __future__ import annotations
+
+from ..cuda.ring_probe import THREADS, RingConfig, chunk_offsets
+
+#: streaming reads tried for the read floor (contiguous bytes; the fastest is kept). The first
+#: is the fastest of the session-10 probe sweep at 285 MB (0.90 of copy), the other two the
+#: fastest with small copies and with ordinary loads (benchmarks/latest/decode/variants_session10).
+READ_FLOOR_CONFIGS = (
+    RingConfig("bulk copies, 32 KB chunks, 2/stage, 3 stages, 1 CTA/SM", chunk=32768, per_stage=2,
+               nbuf=3, ctas_per_sm=1, layout="contig"),
+    RingConfig("bulk copies, 8.5 KB chunks, 4/stage, 2 stages, 3 CTAs/SM", chunk=8704, per_stage=4,
+               nbuf=2, ctas_per_sm=3, layout="contig"),
+    RingConfig("16-byte loads, 4 CTAs/SM", mode="loads", chunk=8704, per_stage=4, ctas_per_sm=4,
+               layout="contig"),
+)
+
+
+def probe_shape(nbytes: int, cfg: RingConfig, n_sm: int) -> tuple[int, int, int]:
+    """``(grid, chunks_per_cta, bytes read)`` of a probe launch that reads ~``nbytes``.
+
+    The grid is ``cfg.ctas_per_sm × n_sm`` CTAs of an equal number of chunks, the count rounded
+    to the nearest (so the bytes read differ from ``nbytes`` by less than half a chunk per CTA);
+    a cache smaller than one chunk per CTA gets one CTA per chunk."""
+    if nbytes <= 0 or n_sm <= 0:
+        raise ValueError(f"nbytes and n_sm must be positive, got {nbytes}, {n_sm}")
+    chunks = max(1, round(nbytes / cfg.chunk))
+    grid = cfg.ctas_per_sm * n_sm
+    if chunks < grid:
+        return chunks, 1, chunks * cfg.chunk
+    per_cta = max(1, round(chunks / grid))
+    return grid, per_cta, grid * per_cta * cfg.chunk
+
+
+def equal_bytes_context(ctx: int, row_bytes: int, d: int) -> int:
+    """Context of a bf16 cache (``2d`` bytes per row) with the bytes of ``ctx`` rows of
+    ``row_bytes`` (nearest, at least 1): 2,176 for int4 at d = 128 and 8,192 tokens."""
+    if ctx <= 0 or row_bytes <= 0 or d <= 0:
+        raise ValueError(f"ctx, row_bytes and d must be positive, got {ctx}, {row_bytes}, {d}")
+    return max(1, round(ctx * row_bytes / (2 * d)))
+
+
+class _Source:
+    """One zero-filled device buffer, grown on demand, that every floor measurement reads."""
+
+    def __init__(self):
+        self.buf = None
+
+    def get(self, nbytes: int):
+        import cupy
+
+        if self.buf is None or self.buf.size < nbytes:
+            self.buf = None
+            self.buf = cupy.zeros(nbytes, dtype=cupy.uint8)
+        return self.buf
+
+    def release(self):
+        self.buf = None
+
+
+_SOURCE = _Source()
+
+
+def read_floor(nbytes: int, repeats: int = 30, configs=READ_FLOOR_CONFIGS) -> dict:
+    """Fastest streaming read of ~``nbytes`` contiguous bytes among ``configs`` (ring probe).
+
+    Returns ``dict(median_ms, bytes, config, per_config)``: the fastest configuration's median
+    time, the bytes it read (:func:`probe_shape`), its name, and ``{name: median_ms}`` of every
+    configuration that ran (a configuration that does not fit the device is left out with its
+    error in ``per_config`` as a string). Needs sm_90 for the bulk-copy configurations."""
+    import cupy
+
+    from ..cuda.ring_probe import stream
+    from .timing import bench_ms
+
+    n_sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    shapes = {c.name: probe_shape(nbytes, c, n_sm) for c in configs}
+    src = _SOURCE.get(max(b for _, _, b in shapes.values()))
+    best, per_config = None, {}
+    for c in configs:
+        grid, per_cta, nread = shapes[c.name]
+        offs = cupy.asarray(chunk_offsets(c, grid, per_cta))
+        sink = cupy.empty(grid * THREADS, cupy.uint32)
+        try:
+            stream(c, src, offs, grid, per_cta, sink)
+            cupy.cuda.runtime.deviceSynchronize()
+            r = bench_ms(lambda: stream(c, src, offs, grid, per_cta, sink), repeats=repeats)
+        except Exception as e:  # noqa: BLE001 — a configuration that cannot launch here is skipped
+            per_config[c.name] = f"{type(e).__name__}: {e}"
+            continue
+        per_config[c.name] = r["median_ms"]
+        if best is None or r["median_ms"] < best["median_ms"]:
+            best = dict(median_ms=r["median_ms"], bytes=nread, config=c.name)
+    if best is None:
+        raise RuntimeError(f"no read-floor configuration ran: {per_config}")
+    best["per_config"] = per_config
+    return best
+
+
+def release() -> None:
+    """Free the floor's source buffer (the suite calls it between cases)."""
+    _SOURCE.release()

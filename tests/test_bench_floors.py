@@ -1,0 +1,59 @@
+"""Decode-suite floors (kvlab/bench/floors.py): the probe launch reads the bytes it is asked
+for to within half a chunk per CTA, the equal-bytes context matches the format's bytes, and the
+suite groups formats by row size (so int8 and fp8 share one floor row). The GPU side — the
+probe reading exactly those bytes — is tests/gpu/test_ring_probe_gpu.py and
+tests/gpu/test_bench_floors_gpu.py."""
+import pytest
+
+from kvlab.bench import floors, suite_decode
+from kvlab.cuda.ring_probe import RingConfig
+
+
+@pytest.mark.parametrize("cfg", floors.READ_FLOOR_CONFIGS, ids=lambda c: c.name)
+@pytest.mark.parametrize("nbytes", [1_000_000, 8_912_896, 285_212_672, 553_648_128, 8_589_934_592])
+def test_probe_shape_reads_about_the_asked_bytes(cfg, nbytes):
+    cfg.check()
+    n_sm = 132
+    grid, per_cta, nread = floors.probe_shape(nbytes, cfg, n_sm)
+    assert nread == grid * per_cta * cfg.chunk
+    assert grid <= cfg.ctas_per_sm * n_sm and per_cta >= 1
+    # rounding: at most half a chunk per CTA (one CTA per chunk: half a chunk in all)
+    assert abs(nread - nbytes) <= max(grid * cfg.chunk / 2, cfg.chunk / 2)
+    if nbytes >= 100e6:
+        assert abs(nread - nbytes) / nbytes < 0.01
+
+
+def test_probe_shape_small_cache_one_cta_per_chunk():
+    cfg = RingConfig("x", chunk=32768, per_stage=2, nbuf=3, ctas_per_sm=1, layout="contig")
+    assert floors.probe_shape(5 * 32768 + 100, cfg, 132) == (5, 1, 5 * 32768)
+    assert floors.probe_shape(10, cfg, 132) == (1, 1, 32768)
+
+
+@pytest.mark.parametrize("bad", [(0, 132), (-5, 132), (1000, 0)])
+def test_probe_shape_refuses_non_positive(bad):
+    with pytest.raises(ValueError, match="positive"):
+        floors.probe_shape(bad[0], RingConfig("x", layout="contig"), bad[1])
+
+
+def test_equal_bytes_context_hand_cases():
+    # int4 at d = 128: 68 B rows vs 256 B bf16 rows -> 8192 · 68 / 256 = 2176 exactly
+    assert floors.equal_bytes_context(8192, 68, 128) == 2176
+    # int8 / fp8 (132 B), nvfp4 (72 B) at d = 128
+    assert floors.equal_bytes_context(8192, 132, 128) == 4224
+    assert floors.equal_bytes_context(8192, 72, 128) == 2304
+    # rounding to the nearest, never below 1
+    assert floors.equal_bytes_context(3, 36, 64) == 1
+    assert floors.equal_bytes_context(1, 1, 256) == 1
+    with pytest.raises(ValueError, match="positive"):
+        floors.equal_bytes_context(0, 68, 128)
+
+
+def test_distinct_sizes_group_formats_by_row_bytes():
+    s128 = suite_decode._distinct_sizes(128)
+    assert s128 == {256: ["auto"], 132: ["int8_per_token_head", "fp8_per_token_head"],
+                    68: ["int4_per_token_head"], 72: ["nvfp4"]}
+    # at d = 64 int4 (32 + 4) and nvfp4 (32 + 4) rows have the same bytes: one floor row
+    s64 = suite_decode._distinct_sizes(64)
+    assert s64 == {128: ["auto"], 68: ["int8_per_token_head", "fp8_per_token_head"],
+                   36: ["int4_per_token_head", "nvfp4"]}
+    assert sorted(n for names in s128.values() for n in names) == sorted(suite_decode.FORMATS)
