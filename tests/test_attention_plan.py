@@ -297,3 +297,86 @@ def test_dependent_launch_layouts_and_switch(monkeypatch):
         A.pdl_merge(0)
     with pytest.raises(TypeError, match="typed NumPy scalars"):
         L.launch_dependent(None, (1,), (32,), (1,))
+
+
+SLOT_CASES = [([8192] * 32, 1.2), ([131072], 1.2), ([4096] * 64, 1.3), ([5000, 300, 9000] * 3, 1.15),
+              ([20000, 100, 3000, 64, 9000, 16, 40000, 30000, 50, 12000], 1.2), ([32768] * 8, 1.0),
+              (list(range(2000, 32001, 2000)), 1.2), ([300] * 40 + [60000] * 4, 1.2), ([1000] * 20 + [50000] * 3, 1.3)]
+
+
+@pytest.mark.parametrize("seq_lens, weight", SLOT_CASES)
+def test_slot_filled_work_list(seq_lens, weight):
+    """``_slot_filled``: every split group still covers exactly its range in contiguous tile-aligned
+    parts (2 … tiles / min_tiles of them), part ids are 0 … n_parts-1 (consecutive per group, as its
+    merge row says), unsplit items are kept, the resident slots are filled, the first n_sm rows are
+    the heavy parts, and no part takes longer (tiles / its slot's rate) than session 15's
+    ``_wave_weighted`` list's longest part — nor more than 12 % over the ideal."""
+    from kvlab.cuda.attention import PG_MIN_SPLIT_TOKENS, _slot_filled, _wave_weighted, _work_list
+
+    n_sm, cap, min_tiles = 132, 264, PG_MIN_SPLIT_TOKENS // 16
+    sl = np.asarray(seq_lens)
+    qsl = np.arange(len(sl) + 1)
+    items, red, n_parts = _work_list(qsl, sl, 2, 0, 1, cap, None, PG_MIN_SPLIT_TOKENS)
+    r = _slot_filled(items, n_sm, cap, weight, min_tiles)
+    assert r is not None
+    out, red2, n2 = r
+    assert out.dtype == np.int32 and red2.dtype == np.int32 and out.shape[1] == items.shape[1]
+    multi_b, multi_a = items[:, 4] >= 0, out[:, 4] >= 0
+    # the unsplit items of the input are kept, last
+    n_un = int((~multi_b).sum())
+    assert np.array_equal(out[len(out) - n_un:], items[~multi_b])
+    # every split group keeps its range: whole in one unsplit row, or in contiguous parts
+    for seq, tok0 in {(int(s), int(t)) for s, t in items[multi_b][:, :2]}:
+        b = items[multi_b & (items[:, 0] == seq) & (items[:, 1] == tok0)]
+        a = out[(out[:, 0] == seq) & (out[:, 1] == tok0)]
+        a = a[np.argsort(a[:, 2])]
+        tiles = -(-(b[:, 3].max() - b[:, 2].min()) // 16)
+        assert a[0, 2] == b[:, 2].min() and a[-1, 3] == b[:, 3].max()
+        assert np.all(a[1:, 2] == a[:-1, 3]) and np.all(a[:, 3] > a[:, 2]) and np.all(a[:, 2] % 16 == 0)
+        assert 1 <= len(a) <= max(tiles // min_tiles, 1)
+        row = red2[(red2[:, 0] == seq) & (red2[:, 1] == tok0)]
+        if len(a) == 1:
+            assert a[0, 4] == -1 and len(row) == 0
+        else:
+            assert len(row) == 1 and row[0, 3] == len(a) and np.array_equal(a[:, 4], row[0, 2] + np.arange(len(a)))
+    assert sorted(out[multi_a][:, 4].tolist()) == list(range(n2)) and n2 == red2[:, 3].sum()
+    assert len(out) == cap
+    # balance: a part's time is its tiles over its slot's rate (weight for the first n_sm rows)
+    def longest(it):
+        t = (-(-(it[:, 3] - it[:, 2]) // 16)).astype(float)
+        t[:n_sm] /= weight
+        return t.max()
+    total = int((-(-(sl - 0) // 16)).sum())
+    ideal = total / (weight * n_sm + (len(out) - n_sm))
+    assert longest(out) <= longest(_wave_weighted(items, n_sm, cap, weight)) + 1e-9
+    if len(out) == cap and (~multi_a).sum() == 0:
+        assert longest(out) <= 1.12 * ideal, (longest(out), ideal)
+
+
+def test_slot_filled_declines_other_grids(monkeypatch):
+    """None (the plan then keeps ``_wave_weighted``) for grids of more than one wave, for GPUs
+    holding one CTA per SM, or with nothing split; a short list is filled (no part heavy if it
+    stays at most n_sm CTAs); the switch reads KVLAB_DECODE_SLOT_FILL (0 or 1, default 1)."""
+    from kvlab.cuda import attention as A
+
+    qsl, sl = np.arange(33), np.full(32, 8192)
+    items, _, _ = A._work_list(qsl, sl, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
+    assert A._slot_filled(items, 132, 200, 1.2, 8) is None          # more than one wave
+    assert A._slot_filled(items, 132, 132, 1.2, 8) is None          # one CTA per SM
+    unsplit = np.full(150, 100)                                        # nothing split
+    it1, _, _ = A._work_list(np.arange(151), unsplit, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
+    assert np.all(it1[:, 4] == -1) and A._slot_filled(it1, 132, 264, 1.2, 8) is None
+    # fewer CTAs than SMs: filled up to the slots (B = 32 × 8k on 300 SMs: 600 parts)
+    out, red, n_parts = A._slot_filled(items, 300, 600, 1.2, 8)
+    assert len(out) == 600 == n_parts and red[:, 3].sum() == 600
+    # a list that stays short (4 × 256 tokens: at most 2 parts each): nothing heavy
+    it3, _, _ = A._work_list(np.arange(5), np.full(4, 256), 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
+    out3, _, _ = A._slot_filled(it3, 132, 264, 1.5, 8)
+    assert len(out3) == 8 and len(set((out3[:, 3] - out3[:, 2]).tolist())) == 1
+    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
+    assert A._slot_fill()
+    monkeypatch.setenv("KVLAB_DECODE_SLOT_FILL", "0")
+    assert not A._slot_fill()
+    monkeypatch.setenv("KVLAB_DECODE_SLOT_FILL", "yes")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_SLOT_FILL"):
+        A._slot_fill()

@@ -402,6 +402,7 @@ class AttentionPlan:
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
     paged_nbuf: int = 0                            # its stage buffers
     wave_weight: float = 1.0                       # first-wave split weight applied (_wave_weighted; 1: none)
+    slot_fill: bool = False                        # the one-wave work list filled and balanced (_slot_filled)
     prefill_variant: str = "mma"                   # the prefill kernel it launches: "mma" or "wgmma"
 
     def check_run_args(self, q, kv_cache, out=None):
@@ -594,6 +595,40 @@ def _wave_weight() -> float:
     return w
 
 
+def _split_groups(m: np.ndarray):
+    """Split groups of the multi-part rows ``m`` of a work list (``_work_list``): consecutive rows
+    of one (seq, tok0) with consecutive part ids. Returns (starts, sizes, lo16, hi, tiles)."""
+    starts = np.nonzero(np.r_[True, (m[1:, 0] != m[:-1, 0]) | (m[1:, 1] != m[:-1, 1])
+                              | (m[1:, 4] != m[:-1, 4] + 1)])[0]
+    sizes = np.diff(np.r_[starts, len(m)])
+    lo16 = m[starts, 2].astype(np.int64)
+    hi = m[starts + sizes - 1, 3].astype(np.int64)
+    tiles = -(-(hi - lo16) // 16)
+    return starts, sizes, lo16, hi, tiles
+
+
+def _cut_groups(lo16, hi, tiles, sizes, heavy, weight):
+    """Cut each group's range [lo16, hi) into ``sizes`` contiguous parts of whole 16-token tiles,
+    its first ``heavy`` parts ``weight`` times as long as the others (every part ≥ 1 tile).
+    Returns per row (groups in order, parts in order): group id, index in the group, kv_lo, kv_hi."""
+    # every row at once (a Python loop over the groups cost ~0.6 ms of host time per plan)
+    starts = np.cumsum(sizes) - sizes
+    gid = np.repeat(np.arange(len(sizes)), sizes)
+    k = np.arange(int(sizes.sum())) - np.repeat(starts, sizes)      # index within the group
+    h = heavy[gid]                                                    # the group's heavy parts come first
+    cw_in = weight * np.minimum(k + 1, h) + np.maximum(k + 1 - h, 0)  # weight up to this part's end
+    wsum = weight * heavy + (sizes - heavy)
+    # cumulative tiles at each part's end: strictly increasing within the group (>= 1 tile a
+    # part), the last = the group's tiles; the running max per group via a group offset
+    c = np.rint(cw_in / wsum[gid] * tiles[gid]).astype(np.int64) - k
+    c = np.clip(c, 1, (tiles - sizes + 1)[gid])
+    big = int(tiles.max()) + 1
+    c = np.maximum.accumulate(c + gid * big) - gid * big
+    cut = c + k
+    prev = np.where(k == 0, 0, np.r_[0, cut[:-1]])
+    return gid, k, lo16[gid] + 16 * prev, np.minimum(lo16[gid] + 16 * cut, hi[gid])
+
+
 def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -> np.ndarray:
     """Re-split and re-order the paged decode's work list for a grid of one wave of two CTAs per SM.
 
@@ -605,7 +640,8 @@ def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -
     others of their group and go first in launch order. Each group keeps its parts, its range
     [lo16, hi) and its part ids (the merge slots), only the cut points move; unsplit items (part
     -1) go last. Returns ``items`` unchanged when the grid is not one such wave, when there is
-    nothing to weigh, or when ``weight`` is 1.
+    nothing to weigh, or when ``weight`` is 1. (``_slot_filled``, the default since session 16,
+    also adds parts up to the resident slots and places the heavy parts where they balance.)
     """
     n = len(items)
     if weight == 1.0 or not (n_sm < n <= capacity and capacity >= 2 * n_sm):
@@ -614,10 +650,7 @@ def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -
     if multi.sum() < n_sm:
         return items
     m = items[multi]
-    # split groups: consecutive rows of one (seq, tok0) with consecutive part ids (_work_list)
-    starts = np.nonzero(np.r_[True, (m[1:, 0] != m[:-1, 0]) | (m[1:, 1] != m[:-1, 1])
-                              | (m[1:, 4] != m[:-1, 4] + 1)])[0]
-    sizes = np.diff(np.r_[starts, len(m)])
+    starts, sizes, lo16, hi, tiles = _split_groups(m)
     # heavy parts per group: largest remainders of sizes · n_sm / total (never above sizes)
     quota = sizes * (n_sm / sizes.sum())
     heavy = np.floor(quota).astype(np.int64)
@@ -625,30 +658,117 @@ def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -
     if rest > 0:
         order = np.argsort(-(quota - heavy), kind="stable")
         heavy[order[:rest]] += 1
-    # every row at once (a Python loop over the groups cost ~0.6 ms of host time per plan)
-    gid = np.repeat(np.arange(len(starts)), sizes)
-    k = np.arange(len(m)) - np.repeat(starts, sizes)               # index within the group
+    gid, k, kv_lo, kv_hi = _cut_groups(lo16, hi, tiles, sizes, heavy, weight)
     is_heavy = k < heavy[gid]
-    h = heavy[gid]                                                  # the group's heavy parts come first
-    cw_in = weight * np.minimum(k + 1, h) + np.maximum(k + 1 - h, 0)  # weight up to this part's end
-    wsum = weight * heavy + (sizes - heavy)
-    lo16 = m[starts, 2].astype(np.int64)
-    hi = m[starts + sizes - 1, 3].astype(np.int64)
-    tiles = -(-(hi - lo16) // 16)
-    # cumulative tiles at each part's end: strictly increasing within the group (>= 1 tile a
-    # part), the last = the group's tiles; the running max per group via a group offset
-    c = np.rint(cw_in / wsum[gid] * tiles[gid]).astype(np.int64) - k
-    c = np.clip(c, 1, (tiles - sizes + 1)[gid])
-    big = int(tiles.max()) + 1
-    c = np.maximum.accumulate(c + gid * big) - gid * big
-    cut = c + k
-    prev = np.where(k == 0, 0, np.r_[0, cut[:-1]])
     new = m.copy()
-    new[:, 2] = lo16[gid] + 16 * prev
-    new[:, 3] = np.minimum(lo16[gid] + 16 * cut, hi[gid])
-    first, second = [new[is_heavy]], [new[~is_heavy]]
-    out = np.concatenate(first + second + [items[~multi]])
+    new[:, 2], new[:, 3] = kv_lo, kv_hi
+    out = np.concatenate([new[is_heavy], new[~is_heavy], items[~multi]])
     return np.ascontiguousarray(out.astype(np.int32))
+
+
+def _greedy_units(score, low, high, guess, total):
+    """Integer allocation ``u`` (``low <= u <= high``, ``sum(u) == min(total, sum(high))``) that a
+    greedy loop would reach by giving one unit at a time to the entry of the largest
+    ``score(i, u[i])`` (decreasing in the entry's units; called with index arrays and with
+    scalars): starts from ``guess`` clipped to the bounds (units taken back from the lowest
+    scores while that is over ``total``), then runs the greedy loop for the units still missing
+    (a guess near the balance point leaves about one per entry). Used by
+    ``_slot_filled``: D'Hondt apportionment of parts, then of heavy parts."""
+    import heapq
+
+    u = np.clip(guess, low, high)
+    idx = np.arange(len(u))
+    while u.sum() > total:   # over (the lower bounds pushed it up): take units back, one per
+        # entry, from the entries that scored lowest with their last unit
+        over = int(u.sum() - total)
+        can = np.nonzero(u > low)[0]
+        if len(can) == 0:
+            break
+        back = can[np.argsort(score(can, u[can].astype(np.float64)), kind="stable")[:over]]
+        u[back] -= 1
+    sc = score(idx, u.astype(np.float64)).tolist()
+    heap = [(-sc[i], i) for i in range(len(u)) if u[i] < high[i]]
+    heapq.heapify(heap)
+    for _ in range(int(total - u.sum())):
+        if not heap:
+            break
+        _, i = heapq.heappop(heap)
+        u[i] += 1
+        if u[i] < high[i]:
+            heapq.heappush(heap, (-float(score(i, float(u[i]))), i))
+    return u
+
+
+def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min_tiles: int):
+    """The paged decode's one-wave work list with every resident slot filled and balanced.
+
+    In a grid of (up to) one wave of two CTAs per SM the block scheduler places CTAs 0 … n_sm-1 first
+    (one per SM, and they run faster than their partners: ``_wave_weighted``), the rest second.
+    The split count of ``_work_list`` leaves slots empty (B = 32 × 8k: 256 CTAs for 264 slots,
+    so 8 SMs stream with one CTA and finish early; batch 1 × 128k: 249) and is the same for
+    every sequence long enough, so in a ragged batch a short sequence's parts are short and a
+    long one's long. Here (docs/perf-notes.md "Session 16"):
+
+    1. the split groups' part counts are drawn again for the slots the unsplit items leave: one
+       each, then one at a time to the group with the most tiles per part (at most one part per
+       ``min_tiles`` tiles), so a long sequence gets the parts ``_work_list``'s uniform split
+       count gave short ones (a group left with one part runs unsplit: part -1, no merge);
+    2. the ``n_sm`` heavy parts (``weight`` times the tiles of the group's others, first in
+       launch order) go one at a time to the group with the most tiles per unit of weight;
+    3. each group's range is re-cut (``_cut_groups``), part ids renumbered group by group.
+
+    So every part of a group takes about the same time, and groups differ only by rounding.
+    The unsplit items of ``items`` are kept as they are and go last. Returns ``(items, red, n_parts)``
+    (``red`` rows: seq, tok0, part0, nparts, as ``_work_list``), or None when the work list is
+    more than one wave, the GPU holds fewer than two CTAs per SM, or nothing is split (then
+    ``_wave_weighted`` applies). A list of at most ``n_sm`` CTAs is filled too (its SMs would
+    otherwise stream with one CTA each); if it stays that short, no part is heavy.
+    """
+    n = len(items)
+    if not (n <= capacity and capacity >= 2 * n_sm):
+        return None
+    multi = items[:, 4] >= 0
+    m = items[multi]
+    if len(m) == 0:
+        return None
+    starts, sizes, lo16, hi, tiles = _split_groups(m)
+    # parts per group (D'Hondt): at least one each, then one at a time to the group with the
+    # most tiles per part, until the slots the unsplit items leave are used (at most one part
+    # per min_tiles tiles; a group left with one part runs unsplit, without a merge)
+    n_slots = capacity - int((~multi).sum())
+    if n_slots < len(sizes):
+        return None
+    tiles_f = tiles.astype(np.float64)
+    cap = np.maximum(tiles // max(int(min_tiles), 1), 1)
+    parts = _greedy_units(lambda i, p: tiles_f[i] / p, np.ones(len(sizes), np.int64), cap,
+                          np.floor(tiles_f * (n_slots / tiles_f.sum())).astype(np.int64), n_slots)
+    n_heavy = n_sm if parts.sum() + int((~multi).sum()) > n_sm else 0   # else: one CTA per SM
+    # heavy parts: to the group with the most tiles per unit of weight (start: the continuous
+    # balance point x = tiles / (parts + (weight - 1) · heavy), rounded down)
+    wm1 = max(weight - 1.0, 1e-9)
+    x = tiles_f.sum() / (parts.sum() + wm1 * n_sm)
+    heavy = _greedy_units(lambda i, h: tiles_f[i] / (parts[i] + wm1 * h), np.zeros_like(parts), parts,
+                          np.floor((tiles_f / x - parts) / wm1).astype(np.int64), min(n_heavy, int(parts.sum())))
+    gid, k, kv_lo, kv_hi = _cut_groups(lo16, hi, tiles, parts, heavy, weight)
+    split = parts > 1
+    sparts = np.where(split, parts, 0)
+    part0 = np.cumsum(sparts) - sparts
+    part = np.where(split[gid], part0[gid] + k, -1)
+    rows = np.stack([m[starts[gid], 0], m[starts[gid], 1], kv_lo, kv_hi, part], 1)
+    is_heavy = k < heavy[gid]
+    out = np.concatenate([rows[is_heavy], rows[~is_heavy], items[~multi]])
+    red = np.stack([m[starts, 0], m[starts, 1], part0, parts], 1)[split]
+    return (np.ascontiguousarray(out.astype(np.int32)), np.ascontiguousarray(red.astype(np.int32)),
+            int(sparts.sum()))
+
+
+def _slot_fill() -> bool:
+    """Whether the paged decode's one-wave plans use ``_slot_filled`` (``KVLAB_DECODE_SLOT_FILL``:
+    ``1``, the default, or ``0`` for session 15's ``_wave_weighted``; A/B in one process)."""
+    env = os.environ.get("KVLAB_DECODE_SLOT_FILL", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"KVLAB_DECODE_SLOT_FILL: expected 0 or 1, got {env!r}")
+    return env != "0"
 
 
 def _prefill_list(qlen, seqs, tokens_per_cta):
@@ -756,12 +876,17 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
     items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
                                      min_split)
-    wave_weight = 1.0
+    wave_weight, slot_fill = 1.0, False
     if variant == "paged" and num_splits is None:
         w = _wave_weight()
-        weighted = _wave_weighted(items, _device_props(dev)[0], capacity, w)
-        if weighted is not items:
-            items, wave_weight = weighted, w
+        filled = (_slot_filled(items, _device_props(dev)[0], capacity, w, PG_MIN_SPLIT_TOKENS // 16)
+                  if _slot_fill() else None)
+        if filled is not None:
+            (items, red, n_parts), wave_weight, slot_fill = filled, w, True
+        else:
+            weighted = _wave_weighted(items, _device_props(dev)[0], capacity, w)
+            if weighted is not items:
+                items, wave_weight = weighted, w
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
@@ -787,7 +912,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         red_split=reduce_split(len(red), ny, _device_props(dev)[0]),
         pdl_merge=bool(len(red)) and pdl_merge(dev),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
-        wave_weight=wave_weight,
+        wave_weight=wave_weight, slot_fill=slot_fill,
         prefill_variant=pf_variant,
     )
 

@@ -397,6 +397,33 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} wave-weighted")
 
 
+@pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head"])
+def test_slot_filled_ragged_paged_decode(rng, fmt):
+    """A ragged decode batch (40 sequences of 200-400 tokens, 2 of ~12k) whose work list
+    ``_slot_filled`` re-draws (session 16): the two long sequences take most of the parts, short
+    ones run in one to three — and the output still matches float64.
+    A part lost, doubled or merged under the wrong slot would show in the long sequences' rows."""
+    import cupy
+
+    from kvlab.cuda.attention import _device_props
+
+    kv_lens = [int(x) for x in rng.integers(200, 401, size=40)] + [int(x) for x in rng.integers(11000, 13001, size=2)]
+    order = rng.permutation(len(kv_lens))
+    kv_lens = [kv_lens[i] for i in order]
+    case = build_case(rng, fmt, 8, 4, 128, 16, [1] * len(kv_lens), kv_lens)
+    out, plan = run_gpu(case, variant="paged")
+    if not plan.slot_fill:
+        pytest.skip(f"{plan.n_items} CTAs on {_device_props(plan.device_id)[0]} SMs: the list was not re-drawn here")
+    items = cupy.asnumpy(plan.items)
+    long_seqs = {int(i) for i in np.nonzero(np.asarray(kv_lens) > 10000)[0]}
+    n_long = int(np.isin(items[:, 0], list(long_seqs)).sum())
+    assert n_long >= 0.6 * len(items), (n_long, len(items))
+    # a short sequence (at most 25 tiles of 16 tokens) gets at most 25 // 8 = 3 parts (128 tokens each at least)
+    short = [i for i in range(len(kv_lens)) if i not in long_seqs]
+    assert np.all(np.bincount(items[:, 0], minlength=len(kv_lens))[short] <= 3)
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} slot-filled ragged")
+
+
 @pytest.mark.parametrize("pdl", ["default", "0"])
 def test_pdl_merge_launch(rng, variant, pdl, monkeypatch):
     """On sm_90 the split merge is a programmatic dependent launch (launch_dependent, spied) in

@@ -1,0 +1,116 @@
+"""A/B of the paged decode's work list in one process: ``_slot_filled`` (KVLAB_DECODE_SLOT_FILL=1,
+the default since session 16) against session 15's ``_wave_weighted`` (=0), on the same caches.
+
+    python3 scripts/decode_fill_ab.py [--repeats 30] [--out DIR]
+
+Cases (32/8 heads, d = 128, block 16, shuffled blocks): the issue-4 targets (B = 32 × 8k,
+batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, and two ragged batches (lengths below),
+int4 and int8. Each case builds its cache once, plans it both ways (the switch is read when the
+plan is built), and times the two plans alternately (A B A B, ``bench_ms``, cold L2); it also
+checks that the two outputs agree (relative L2 < 1e-2: the same attention, cut differently; the
+float64 comparison is the GPU tests' job). Prints a Markdown table, writes it with a JSON.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RAGGED = {
+    "ragged 40 × 300 + 4 × 60k": [300] * 40 + [60000] * 4,
+    "ragged 16 × 2k … 32k": list(range(2000, 32001, 2000)),
+}
+FORMATS = ("int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head")
+
+
+def build(torch, lens, Hq=32, Hkv=8, d=128, bs=16, seed=0):
+    """Random bf16 K/V of ``lens`` tokens per sequence, one decode query each, shuffled blocks."""
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    lens_t = torch.tensor(lens, dtype=torch.int64)
+    T = int(lens_t.sum())
+    key = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    value = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    nb_seq = [-(-n // bs) for n in lens]
+    nb = sum(nb_seq)
+    perm = torch.randperm(nb, device="cuda", generator=g).to(torch.int32)
+    table = torch.zeros((len(lens), max(nb_seq)), device="cuda", dtype=torch.int32)
+    slots, o = [], 0
+    for i, (n, k) in enumerate(zip(lens, nb_seq)):
+        table[i, :k] = perm[o:o + k]
+        o += k
+        pos = torch.arange(n, device="cuda")
+        slots.append(table[i].long()[pos // bs] * bs + pos % bs)
+    q = torch.randn((len(lens), Hq, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    return dict(key=key, value=value, block_table=table, slots=torch.cat(slots), q=q,
+                seq_lens=torch.tensor(lens, device="cuda", dtype=torch.int32),
+                query_start_loc=torch.arange(len(lens) + 1, device="cuda", dtype=torch.int32),
+                num_blocks=nb, Hkv=Hkv, d=d, bs=bs)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--out", default="")
+    args = ap.parse_args()
+
+    import torch
+
+    import kvlab
+    from kvlab.bench.timing import bench_ms
+    from kvlab.cuda.attention import plan_paged_attention
+
+    cases = [(f"B={b} L={c}", [c] * b, f) for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in FORMATS]
+    cases += [("B=1 L=32768", [32768], f) for f in FORMATS[::2]]
+    cases += [(name, lens, f) for name, lens in RAGGED.items() for f in FORMATS[::2]]
+    lines = ["| case | format | CTAs 0 / 1 | ms, _wave_weighted (=0) | ms, _slot_filled (=1) | change | outputs rel L2 |",
+             "|---|---|---|---|---|---|---|"]
+    rows, built = [], {}
+    for name, lens, fmt in cases:
+        if name not in built:
+            built.clear()
+            torch.cuda.empty_cache()
+            built[name] = build(torch, lens)
+        b = built[name]
+        cache = kvlab.allocate_cache(fmt, b["num_blocks"], b["bs"], b["Hkv"], b["d"], like=b["key"])
+        kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=fmt)
+        a = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
+        plans, outs = {}, {}
+        for fill in ("0", "1"):
+            os.environ["KVLAB_DECODE_SLOT_FILL"] = fill
+            plans[fill] = plan_paged_attention(*a, fmt, decode_variant="paged")
+            outs[fill] = torch.empty_like(b["q"])
+            plans[fill].run(*a, out=outs[fill])
+        os.environ.pop("KVLAB_DECODE_SLOT_FILL", None)
+        torch.cuda.synchronize()
+        o0, o1 = outs["0"].double(), outs["1"].double()
+        rel = float(torch.linalg.norm(o1 - o0) / torch.linalg.norm(o0))
+        t = {"0": [], "1": []}
+        for _ in range(2):
+            for fill in ("0", "1"):
+                t[fill].append(bench_ms(lambda: plans[fill].run(*a, out=outs[fill]), args.repeats)["median_ms"])
+        m0, m1 = sum(t["0"]) / 2, sum(t["1"]) / 2
+        line = (f"| {name} | {fmt} | {plans['0'].n_items} / {plans['1'].n_items} | "
+                f"{t['0'][0]:.4f} / {t['0'][1]:.4f} | {t['1'][0]:.4f} / {t['1'][1]:.4f} | "
+                f"{100 * (m1 / m0 - 1):+.1f} % | {rel:.1e} |")
+        print(line, flush=True)
+        lines.append(line)
+        rows.append(dict(case=name, format=fmt, ctas=[plans["0"].n_items, plans["1"].n_items], ms_wave=t["0"],
+                         ms_fill=t["1"], rel_l2=rel, slot_fill=plans["1"].slot_fill))
+        if rel > 1e-2:
+            print(f"  outputs disagree: rel L2 {rel:.3e}", flush=True)
+        del cache, plans, outs
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "fill_ab.md").write_text("\n".join(lines) + "\n")
+        (out / "fill_ab.json").write_text(json.dumps(rows, indent=1))
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
