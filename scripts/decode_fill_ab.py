@@ -1,5 +1,7 @@
-"""A/B of the paged decode's work list in one process: ``_slot_filled`` (KVLAB_DECODE_SLOT_FILL=1,
-the default since session 16) against session 15's ``_wave_weighted`` (=0), on the same caches.
+"""A/B of the paged decode's work list in one process: ``_slot_filled`` always
+(KVLAB_DECODE_SLOT_FILL=2) against session 15's ``_wave_weighted`` (=0), on the same caches. The
+default (=1) takes the filled list only where the model says it pays (``_fill_pays``); the table
+says which list the default would take.
 
     python3 scripts/decode_fill_ab.py [--repeats 30] [--out DIR]
 
@@ -55,6 +57,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default="")
+    ap.add_argument("--only", default="", help="comma-separated substrings of case names (e.g. 'B=32,ragged')")
     args = ap.parse_args()
 
     import torch
@@ -66,8 +69,10 @@ def main() -> int:
     cases = [(f"B={b} L={c}", [c] * b, f) for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in FORMATS]
     cases += [("B=1 L=32768", [32768], f) for f in FORMATS[::2]]
     cases += [(name, lens, f) for name, lens in RAGGED.items() for f in FORMATS[::2]]
-    lines = ["| case | format | CTAs 0 / 1 | ms, _wave_weighted (=0) | ms, _slot_filled (=1) | change | outputs rel L2 |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| case | format | CTAs 0 / 2 | ms, _wave_weighted (=0) | ms, _slot_filled (=2) | change | outputs rel L2 | default (=1) |",
+             "|---|---|---|---|---|---|---|---|"]
+    if args.only:
+        cases = [c for c in cases if any(x in c[0] for x in args.only.split(","))]
     rows, built = [], {}
     for name, lens, fmt in cases:
         if name not in built:
@@ -79,12 +84,13 @@ def main() -> int:
         kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=fmt)
         a = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
         plans, outs = {}, {}
-        for fill in ("0", "1"):
-            os.environ["KVLAB_DECODE_SLOT_FILL"] = fill
+        for fill, mode in (("0", "0"), ("1", "2")):
+            os.environ["KVLAB_DECODE_SLOT_FILL"] = mode
             plans[fill] = plan_paged_attention(*a, fmt, decode_variant="paged")
             outs[fill] = torch.empty_like(b["q"])
             plans[fill].run(*a, out=outs[fill])
         os.environ.pop("KVLAB_DECODE_SLOT_FILL", None)
+        default_fills = plan_paged_attention(*a, fmt, decode_variant="paged").slot_fill
         torch.cuda.synchronize()
         o0, o1 = outs["0"].double(), outs["1"].double()
         rel = float(torch.linalg.norm(o1 - o0) / torch.linalg.norm(o0))
@@ -95,11 +101,11 @@ def main() -> int:
         m0, m1 = sum(t["0"]) / 2, sum(t["1"]) / 2
         line = (f"| {name} | {fmt} | {plans['0'].n_items} / {plans['1'].n_items} | "
                 f"{t['0'][0]:.4f} / {t['0'][1]:.4f} | {t['1'][0]:.4f} / {t['1'][1]:.4f} | "
-                f"{100 * (m1 / m0 - 1):+.1f} % | {rel:.1e} |")
+                f"{100 * (m1 / m0 - 1):+.1f} % | {rel:.1e} | {'filled' if default_fills else 'weighted'} |")
         print(line, flush=True)
         lines.append(line)
         rows.append(dict(case=name, format=fmt, ctas=[plans["0"].n_items, plans["1"].n_items], ms_wave=t["0"],
-                         ms_fill=t["1"], rel_l2=rel, slot_fill=plans["1"].slot_fill))
+                         ms_fill=t["1"], rel_l2=rel, slot_fill=plans["1"].slot_fill, default_fills=default_fills))
         if rel > 1e-2:
             print(f"  outputs disagree: rel L2 {rel:.3e}", flush=True)
         del cache, plans, outs

@@ -374,9 +374,35 @@ def test_slot_filled_declines_other_grids(monkeypatch):
     out3, _, _ = A._slot_filled(it3, 132, 264, 1.5, 8)
     assert len(out3) == 8 and len(set((out3[:, 3] - out3[:, 2]).tolist())) == 1
     monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
-    assert A._slot_fill()
-    monkeypatch.setenv("KVLAB_DECODE_SLOT_FILL", "0")
-    assert not A._slot_fill()
+    assert A._slot_fill() == "1"
+    for v in ("0", "2"):
+        monkeypatch.setenv("KVLAB_DECODE_SLOT_FILL", v)
+        assert A._slot_fill() == v
     monkeypatch.setenv("KVLAB_DECODE_SLOT_FILL", "yes")
     with pytest.raises(ValueError, match="KVLAB_DECODE_SLOT_FILL"):
         A._slot_fill()
+    assert A._fill_slack() == 0
+    monkeypatch.setenv("KVLAB_DECODE_FILL_SLACK", "3")
+    assert A._fill_slack() == 3
+    monkeypatch.setenv("KVLAB_DECODE_FILL_SLACK", "-1")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_FILL_SLACK"):
+        A._fill_slack()
+
+
+@pytest.mark.parametrize("seq_lens, pays", [([8192] * 32, False), ([131072], False), ([4096] * 64, False),
+                                            ([300] * 40 + [60000] * 4, True), (list(range(2000, 32001, 2000)), True),
+                                            ([5000, 300, 9000] * 3, True)])
+def test_fill_pays_only_for_a_large_modelled_gain(seq_lens, pays):
+    """The plan takes the filled list only when the model's longest part shrinks to
+    PG_FILL_MIN_GAIN of the weighted list's: not for the uniform benchmark batches (measured
+    slower on the H200, session 16), yes for ragged ones (measured 29-83 % faster)."""
+    from kvlab.cuda import attention as A
+
+    sl = np.asarray(seq_lens)
+    items, _, _ = A._work_list(np.arange(len(sl) + 1), sl, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
+    filled = A._slot_filled(items, 132, 264, 1.2, 8)
+    assert filled is not None
+    assert A._fill_pays(filled[0], A._wave_weighted(items, 132, 264, 1.2), 132, 1.2) == pays
+    # the model itself, on a hand case: 3 rows of 32, 16 and 48 tiles, the first one on a fast slot
+    hand = np.array([[0, 0, 0, 512, 0], [0, 0, 512, 768, 1], [0, 0, 768, 1536, 2]], np.int32)
+    assert A._longest_part(hand, 1, 1.6) == 48.0 and A._longest_part(hand, 3, 1.6) == 30.0

@@ -402,7 +402,7 @@ class AttentionPlan:
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
     paged_nbuf: int = 0                            # its stage buffers
     wave_weight: float = 1.0                       # first-wave split weight applied (_wave_weighted; 1: none)
-    slot_fill: bool = False                        # the one-wave work list filled and balanced (_slot_filled)
+    slot_fill: bool = False                        # the work list re-drawn by _slot_filled (when it pays)
     prefill_variant: str = "mma"                   # the prefill kernel it launches: "mma" or "wgmma"
 
     def check_run_args(self, q, kv_cache, out=None):
@@ -699,7 +699,7 @@ def _greedy_units(score, low, high, guess, total):
     return u
 
 
-def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min_tiles: int):
+def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min_tiles: int, slack: int = 0):
     """The paged decode's one-wave work list with every resident slot filled and balanced.
 
     In a grid of (up to) one wave of two CTAs per SM the block scheduler places CTAs 0 … n_sm-1 first
@@ -721,7 +721,8 @@ def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min
     The unsplit items of ``items`` are kept as they are and go last. Returns ``(items, red, n_parts)``
     (``red`` rows: seq, tok0, part0, nparts, as ``_work_list``), or None when the work list is
     more than one wave, the GPU holds fewer than two CTAs per SM, or nothing is split (then
-    ``_wave_weighted`` applies). A list of at most ``n_sm`` CTAs is filled too (its SMs would
+    ``_wave_weighted`` applies). ``slack`` slots are left empty (``KVLAB_DECODE_FILL_SLACK``).
+    A list of at most ``n_sm`` CTAs is filled too (its SMs would
     otherwise stream with one CTA each); if it stays that short, no part is heavy.
     """
     n = len(items)
@@ -735,7 +736,7 @@ def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min
     # parts per group (D'Hondt): at least one each, then one at a time to the group with the
     # most tiles per part, until the slots the unsplit items leave are used (at most one part
     # per min_tiles tiles; a group left with one part runs unsplit, without a merge)
-    n_slots = capacity - int((~multi).sum())
+    n_slots = capacity - slack - int((~multi).sum())
     if n_slots < len(sizes):
         return None
     tiles_f = tiles.astype(np.float64)
@@ -762,13 +763,45 @@ def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min
             int(sparts.sum()))
 
 
-def _slot_fill() -> bool:
-    """Whether the paged decode's one-wave plans use ``_slot_filled`` (``KVLAB_DECODE_SLOT_FILL``:
-    ``1``, the default, or ``0`` for session 15's ``_wave_weighted``; A/B in one process)."""
-    env = os.environ.get("KVLAB_DECODE_SLOT_FILL", "").strip()
-    if env not in ("", "0", "1"):
-        raise ValueError(f"KVLAB_DECODE_SLOT_FILL: expected 0 or 1, got {env!r}")
-    return env != "0"
+def _slot_fill() -> str:
+    """When the paged decode's plans use ``_slot_filled`` (``KVLAB_DECODE_SLOT_FILL``): ``"1"``
+    (the default) when it pays (``_fill_pays``), ``"2"`` always, ``"0"`` never (session 15's
+    ``_wave_weighted``); read when a plan is built, so A/B runs in one process."""
+    env = os.environ.get("KVLAB_DECODE_SLOT_FILL", "").strip() or "1"
+    if env not in ("0", "1", "2"):
+        raise ValueError(f"KVLAB_DECODE_SLOT_FILL: expected 0, 1 or 2, got {env!r}")
+    return env
+
+
+def _fill_slack() -> int:
+    """Slots ``_slot_filled`` leaves empty (``KVLAB_DECODE_FILL_SLACK``, default 0): a measurement
+    knob for the block scheduler's placement of a grid just under two CTAs per SM."""
+    env = os.environ.get("KVLAB_DECODE_FILL_SLACK", "").strip() or "0"
+    if not env.isdigit():
+        raise ValueError(f"KVLAB_DECODE_FILL_SLACK: a count of slots, got {env!r}")
+    return int(env)
+
+
+#: ``_slot_filled``'s list is used when its longest part (model: 16-token tiles over the slot's
+#: rate, ``weight`` for the first n_sm) is at most this fraction of ``_wave_weighted``'s. Measured
+#: on the H200 (docs/perf-notes.md "Session 16"): a uniform batch gains ≤ 3 % in the model, and a
+#: grid of exactly two CTAs per SM is placed differently by the block scheduler (16 SMs get two
+#: heavy or two light parts), so there the filled list lost 4–9 %; ragged batches (model 0.11–0.52)
+#: gained 29–83 %.
+PG_FILL_MIN_GAIN = 0.85
+
+
+def _longest_part(items: np.ndarray, n_sm: int, weight: float) -> float:
+    """The longest part of a paged-decode work list in the balance model of ``_slot_filled``:
+    its 16-token tiles, divided by ``weight`` for the first ``n_sm`` rows (the faster CTAs)."""
+    t = (-(-(items[:, 3].astype(np.int64) - items[:, 2]) // 16)).astype(np.float64)
+    t[:n_sm] /= weight
+    return float(t.max()) if len(t) else 0.0
+
+
+def _fill_pays(filled: np.ndarray, weighted: np.ndarray, n_sm: int, weight: float) -> bool:
+    """Whether the filled list's longest part is ≤ ``PG_FILL_MIN_GAIN`` × the weighted list's."""
+    return _longest_part(filled, n_sm, weight) <= PG_FILL_MIN_GAIN * _longest_part(weighted, n_sm, weight)
 
 
 def _prefill_list(qlen, seqs, tokens_per_cta):
@@ -878,15 +911,14 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
                                      min_split)
     wave_weight, slot_fill = 1.0, False
     if variant == "paged" and num_splits is None:
-        w = _wave_weight()
-        filled = (_slot_filled(items, _device_props(dev)[0], capacity, w, PG_MIN_SPLIT_TOKENS // 16)
-                  if _slot_fill() else None)
-        if filled is not None:
+        w, n_sm, mode = _wave_weight(), _device_props(dev)[0], _slot_fill()
+        weighted = _wave_weighted(items, n_sm, capacity, w)
+        filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16, _fill_slack())
+                  if mode != "0" else None)
+        if filled is not None and (mode == "2" or _fill_pays(filled[0], weighted, n_sm, w)):
             (items, red, n_parts), wave_weight, slot_fill = filled, w, True
-        else:
-            weighted = _wave_weighted(items, _device_props(dev)[0], capacity, w)
-            if weighted is not items:
-                items, wave_weight = weighted, w
+        elif weighted is not items:
+            items, wave_weight = weighted, w
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)
