@@ -381,7 +381,8 @@ def test_slot_filled_declines_other_grids(monkeypatch):
     monkeypatch.setenv("KVLAB_DECODE_SLOT_FILL", "yes")
     with pytest.raises(ValueError, match="KVLAB_DECODE_SLOT_FILL"):
         A._slot_fill()
-    assert A._fill_slack() == 0
+    monkeypatch.delenv("KVLAB_DECODE_FILL_SLACK", raising=False)
+    assert A._fill_slack() == A.PG_FILL_SLACK == 1
     monkeypatch.setenv("KVLAB_DECODE_FILL_SLACK", "3")
     assert A._fill_slack() == 3
     monkeypatch.setenv("KVLAB_DECODE_FILL_SLACK", "-1")
@@ -402,7 +403,10 @@ def test_fill_pays_only_for_a_large_modelled_gain(seq_lens, pays):
     items, _, _ = A._work_list(np.arange(len(sl) + 1), sl, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
     filled = A._slot_filled(items, 132, 264, 1.2, 8)
     assert filled is not None
-    assert A._fill_pays(filled[0], A._wave_weighted(items, 132, 264, 1.2), 132, 1.2) == pays
+    weighted = A._wave_weighted(items, 132, 264, 1.2)
+    assert A._fill_pays(filled[0], weighted, 132, 1.2) == pays
+    # the cheap bound never says no where filling pays
+    assert A._fill_may_pay(weighted, 132, 264, 1.2) or not pays
     # the model itself, on a hand case: 3 rows of 32, 16 and 48 tiles, the first one on a fast slot
     hand = np.array([[0, 0, 0, 512, 0], [0, 0, 512, 768, 1], [0, 0, 768, 1536, 2]], np.int32)
     assert A._longest_part(hand, 1, 1.6) == 48.0 and A._longest_part(hand, 3, 1.6) == 30.0

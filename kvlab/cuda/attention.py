@@ -773,10 +773,16 @@ def _slot_fill() -> str:
     return env
 
 
+#: slots the plan's ``_slot_filled`` leaves empty: measured on the H200 (docs/perf-notes.md
+#: "Session 16"), a grid of exactly two CTAs per SM (264) is placed differently by the block
+#: scheduler — 16 SMs get two CTAs of the first or of the second half of the launch order, so two
+#: heavy parts share an SM — while 263 (and 256, 249) are placed CTA i with CTA i + n_sm.
+PG_FILL_SLACK = 1
+
+
 def _fill_slack() -> int:
-    """Slots ``_slot_filled`` leaves empty (``KVLAB_DECODE_FILL_SLACK``, default 0): a measurement
-    knob for the block scheduler's placement of a grid just under two CTAs per SM."""
-    env = os.environ.get("KVLAB_DECODE_FILL_SLACK", "").strip() or "0"
+    """Slots ``_slot_filled`` leaves empty: ``KVLAB_DECODE_FILL_SLACK`` or ``PG_FILL_SLACK``."""
+    env = os.environ.get("KVLAB_DECODE_FILL_SLACK", "").strip() or str(PG_FILL_SLACK)
     if not env.isdigit():
         raise ValueError(f"KVLAB_DECODE_FILL_SLACK: a count of slots, got {env!r}")
     return int(env)
@@ -797,6 +803,16 @@ def _longest_part(items: np.ndarray, n_sm: int, weight: float) -> float:
     t = (-(-(items[:, 3].astype(np.int64) - items[:, 2]) // 16)).astype(np.float64)
     t[:n_sm] /= weight
     return float(t.max()) if len(t) else 0.0
+
+
+def _fill_may_pay(weighted: np.ndarray, n_sm: int, capacity: int, weight: float) -> bool:
+    """Cheap bound before ``_slot_filled`` runs (~0.1–0.3 ms of host time): no list over
+    ``capacity`` slots has a longest part below the mean load per slot (all tiles over
+    ``weight · n_sm + capacity - n_sm``), so unless ``PG_FILL_MIN_GAIN`` × the weighted list's
+    longest part reaches that mean, filling cannot pay (uniform batches: 50.2 < 56.4 tiles)."""
+    tiles = float((-(-(weighted[:, 3].astype(np.int64) - weighted[:, 2]) // 16)).sum())
+    mean = tiles / (weight * n_sm + max(capacity - n_sm, 0))
+    return PG_FILL_MIN_GAIN * _longest_part(weighted, n_sm, weight) >= mean
 
 
 def _fill_pays(filled: np.ndarray, weighted: np.ndarray, n_sm: int, weight: float) -> bool:
@@ -913,8 +929,9 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     if variant == "paged" and num_splits is None:
         w, n_sm, mode = _wave_weight(), _device_props(dev)[0], _slot_fill()
         weighted = _wave_weighted(items, n_sm, capacity, w)
+        try_fill = mode == "2" or (mode == "1" and _fill_may_pay(weighted, n_sm, capacity, w))
         filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16, _fill_slack())
-                  if mode != "0" else None)
+                  if try_fill else None)
         if filled is not None and (mode == "2" or _fill_pays(filled[0], weighted, n_sm, w)):
             (items, red, n_parts), wave_weight, slot_fill = filled, w, True
         elif weighted is not items:
