@@ -8,14 +8,22 @@ Tolerance (``check_close``), per output dtype:
 
 * bf16 output: relative L2 error ≤ 5e-3 and max |err| ≤ 2^-6·max|ref|. The output rounding
   alone is up to 2^-9 (≈ 2e-3) relative per element (RMS ≈ 1.1e-3); the kernel also rounds
-  P (softmax weights, times the V scale) to bf16 before the P·V mma (2^-9 relative per weight,
-  random sign, averaged over many keys) and q to fp16 for Q·K (2^-12); everything is
+  P (softmax weights, times the V scale) to bf16 before the P·V mma (round to nearest: up to
+  2^-8 relative per weight; averaged over many keys when the softmax is flat, but a row whose
+  softmax one key dominates carries that key's rounding on every element) and q to fp16 for Q·K (2^-12); everything is
   accumulated in float32 (the wgmma prefill's int4 tiles instead carry K = (c − zp)·s_k rounded to
   fp16 and V = (c − zp)·s_v rounded to bf16, twice each, and P unscaled; tests/gpu/test_prefill_gpu.py
   emulates both). Together these stay well under 5e-3; a wrong mask, a missed split or
   a mis-decoded element moves the error by orders of magnitude (see
   ``test_tolerance_rejects_wrong_outputs``).
-* fp16 output: relative L2 ≤ 3e-3 (output rounding 2^-12, the bf16 P rounding dominates).
+* fp16 output: relative L2 ≤ 4.5e-3: the output rounding is small (≤ 2^-11 relative), the bf16
+  rounding of P' = P·s_v dominates, and it reaches 2^-8 ≈ 3.9e-3 on rows whose softmax one key
+  dominates. Measured (session 16, KVLAB_TEST_SEED=1396575265, int4, fp16 q): one sequence of 30
+  query tokens whose rows mostly attend to the same key (p_max 0.99–1.0, V scale 64.7666, whose
+  bf16 rounding is +0.360 %) carries 99 % of the squared error; every row there is off by the
+  factor 1.00360 on all 128 elements, and the per_head, paged and prefill kernels all give rel
+  L2 3.32–3.34e-3 (the earlier bound, 3e-3, assumed 2^-9 per weight, averaged;
+  ``test_fp16_peaked_softmax_case`` replays that case).
 
 Decode variants: every shape-grid test runs on both decode kernels (``variant`` fixture:
 ``"per_head"`` = ``paged_attention_decode``, ``"paged"`` = the page-staged
@@ -40,7 +48,7 @@ pytestmark = pytest.mark.gpu
 
 FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_head", "nvfp4")
 
-REL_L2 = {"bfloat16": 5e-3, "float16": 3e-3}
+REL_L2 = {"bfloat16": 5e-3, "float16": 4.5e-3}
 MAX_ABS_FRAC = 2.0 ** -6
 VARIANTS = ("per_head", "paged")
 
@@ -348,6 +356,23 @@ def test_fp16_cupy(rng, fmt, variant):
     case = build_case(rng, fmt, 2, 4, 128, 16, q_lens, kv_lens, q_dtype=np.float16)
     out, _ = run_gpu(case, kind="cupy", variant=variant)
     check_close(out, run_ref(case), "float16", f"{fmt} fp16")
+
+
+def test_fp16_peaked_softmax_case(variant):
+    """The case that set the fp16 bound (module docstring): seed 1396575265 of test_fp16_cupy,
+    int4, where one sequence's rows are dominated by one key whose V scale rounds to bf16 0.36 %
+    high. The error must be that rounding — rel L2 3.3e-3 on the H200, every kernel — and
+    within the bound; a kernel that lost or doubled a key would be orders of magnitude off."""
+    pytest.importorskip("cupy")
+    rng = np.random.default_rng(1396575265)
+    q_lens, kv_lens = _mixed_lengths(rng, 4, 500)
+    case = build_case(rng, "int4_per_token_head", 2, 4, 128, 16, q_lens, kv_lens, q_dtype=np.float16)
+    out, _ = run_gpu(case, kind="cupy", variant=variant)
+    ref = run_ref(case)
+    out = np.asarray(out, dtype=np.float64)
+    rel = np.linalg.norm(out - ref) / np.linalg.norm(ref)
+    assert 2.5e-3 < rel <= REL_L2["float16"], rel
+    check_close(out, ref, "float16", f"peaked fp16 {variant}")
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
