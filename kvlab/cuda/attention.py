@@ -28,7 +28,8 @@ plan/run:
     with Hopper bulk copies (TMA, mbarrier-completed), the warps decode from there with the
     per-head kernel's tile math (the first stages are copied before the query prologue; two
     stages when a stage is ≥ 32 KB, ``KVLAB_DECODE_PAGED_NBUF`` caps them; in a grid of one
-    wave of two CTAs per SM the first-wave splits are longer, ``_wave_weighted``). It applies on
+    wave of two CTAs per SM the first-wave splits are longer, ``_wave_weighted``; a ragged batch's
+    splits are re-drawn over every resident slot, ``_slot_filled``). It applies on
     sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
     at least two stages fit the device's shared memory; otherwise the plan falls back to
     ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
