@@ -57,3 +57,42 @@ def test_distinct_sizes_group_formats_by_row_bytes():
     assert s64 == {128: ["auto"], 68: ["int8_per_token_head", "fp8_per_token_head"],
                    36: ["int4_per_token_head", "nvfp4"]}
     assert sorted(n for names in s128.values() for n in names) == sorted(suite_decode.FORMATS)
+
+
+def test_floor_rows_assembly(monkeypatch):
+    """``suite_decode._floor_rows`` on CPU tensors with the timers stubbed: the read-floor row
+    carries the floor's bytes and configuration, the SDPA row times a bf16 cache of the equal-bytes
+    context (its bytes are the format's), ratios are against the case's baseline, and ``auto``
+    gets no SDPA row (its cache is bf16 already)."""
+    torch = pytest.importorskip("torch")
+    calls = {}
+
+    def fake_floor(nbytes, repeats):
+        calls["floor"] = nbytes
+        return dict(median_ms=0.5, bytes=nbytes + 1024, config="cfg A", per_config={"cfg A": 0.5, "cfg B": 0.7})
+
+    def fake_bench(fn, repeats):
+        out = fn()   # runs the SDPA on the sliced CPU cache
+        calls["sdpa_shape"] = tuple(out.shape)
+        return dict(median_ms=0.8)
+
+    monkeypatch.setattr(floors, "read_floor", fake_floor)
+    monkeypatch.setattr(suite_decode, "bench_ms", fake_bench)
+    monkeypatch.setattr(suite_decode, "copy_bandwidth_gbps", lambda nbytes, repeats: 1000.0)
+    B, ctx, Hq, Hkv, d = 2, 256, 4, 2, 64
+    k = torch.randn(B, Hkv, ctx, d, dtype=torch.bfloat16)
+    v = torch.randn(B, Hkv, ctx, d, dtype=torch.bfloat16)
+    q = torch.randn(B, Hq, 1, d, dtype=torch.bfloat16)
+    ms, rows = suite_decode._floor_rows(torch, "case", B, ctx, Hkv, d, ["int4_per_token_head", "nvfp4"], 36,
+                                       k, v, q, d ** -0.5, 2.0, 3)
+    assert ms == 0.5 and calls["floor"] == 2 * B * ctx * Hkv * 36
+    floor, sdpa = rows
+    assert floor["impl"] == "read floor [int4/nvfp4 bytes]" and floor["bytes"] == calls["floor"] + 1024
+    assert floor["ratio_vs_baseline"] == 0.25 and "cfg A" in floor["notes"] and "cfg B: 0.7000 ms" in floor["notes"]
+    ctx_eq = floors.equal_bytes_context(ctx, 36, d)   # 72
+    assert sdpa["impl"] == f"torch SDPA bf16 at int4/nvfp4 bytes (L={ctx_eq})"
+    assert sdpa["bytes"] == 2 * B * ctx_eq * Hkv * 2 * d == calls["floor"]
+    assert sdpa["ratio_vs_baseline"] == 0.4 and calls["sdpa_shape"] == (B, Hq, 1, d)
+    _, rows_auto = suite_decode._floor_rows(torch, "case", B, ctx, Hkv, d, ["auto"], 2 * d, k, v, q, d ** -0.5,
+                                            2.0, 3)
+    assert [r["impl"] for r in rows_auto] == ["read floor [auto bytes]"]
