@@ -641,8 +641,8 @@ def _wave_weighted(items: np.ndarray, n_sm: int, capacity: int, weight: float) -
     others of their group and go first in launch order. Each group keeps its parts, its range
     [lo16, hi) and its part ids (the merge slots), only the cut points move; unsplit items (part
     -1) go last. Returns ``items`` unchanged when the grid is not one such wave, when there is
-    nothing to weigh, or when ``weight`` is 1. (``_slot_filled``, the default since session 16,
-    also adds parts up to the resident slots and places the heavy parts where they balance.)
+    nothing to weigh, or when ``weight`` is 1. (``_slot_filled`` re-draws the parts over the
+    resident slots instead where a model says that pays — ragged batches; the plan picks.)
     """
     n = len(items)
     if weight == 1.0 or not (n_sm < n <= capacity and capacity >= 2 * n_sm):
@@ -747,10 +747,13 @@ def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min
     n_heavy = n_sm if parts.sum() + int((~multi).sum()) > n_sm else 0   # else: one CTA per SM
     # heavy parts: to the group with the most tiles per unit of weight (start: the continuous
     # balance point x = tiles / (parts + (weight - 1) · heavy), rounded down)
-    wm1 = max(weight - 1.0, 1e-9)
-    x = tiles_f.sum() / (parts.sum() + wm1 * n_sm)
-    heavy = _greedy_units(lambda i, h: tiles_f[i] / (parts[i] + wm1 * h), np.zeros_like(parts), parts,
-                          np.floor((tiles_f / x - parts) / wm1).astype(np.int64), min(n_heavy, int(parts.sum())))
+    if weight > 1.0:
+        wm1 = weight - 1.0
+        x = tiles_f.sum() / (parts.sum() + wm1 * n_sm)
+        heavy = _greedy_units(lambda i, h: tiles_f[i] / (parts[i] + wm1 * h), np.zeros_like(parts), parts,
+                              np.floor((tiles_f / x - parts) / wm1).astype(np.int64), min(n_heavy, int(parts.sum())))
+    else:   # weight 1: heavy and light parts are the same length
+        heavy = np.zeros_like(parts)
     gid, k, kv_lo, kv_hi = _cut_groups(lo16, hi, tiles, parts, heavy, weight)
     split = parts > 1
     sparts = np.where(split, parts, 0)
