@@ -183,6 +183,8 @@ def run(quick: bool, progress) -> list[dict]:
                               else f"{plan.n_items}x{plan.ny} CTAs")
                     if plan.wave_weight != 1.0:
                         grid_s += f" (first wave x{plan.wave_weight:g})"
+                    if plan.slot_fill:
+                        grid_s += " (slots filled)"
                     notes = (f"{plan.decode_variant}: {grid_s}, {plan.n_red} reductions; "
                              f"byte floor {row_bytes / (2 * d):.3f}x bf16")
                     if plan.decode_variant_note:
