@@ -422,17 +422,21 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} wave-weighted")
 
 
+@pytest.mark.parametrize("short", [(200, 400), (100, 160)], ids=["short-split", "short-unsplit"])
 @pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head"])
-def test_slot_filled_ragged_paged_decode(rng, fmt):
-    """A ragged decode batch (40 sequences of 200-400 tokens, 2 of ~12k) whose work list
+def test_slot_filled_ragged_paged_decode(rng, fmt, short):
+    """A ragged decode batch (40 short sequences, 2 of ~12k tokens) whose work list
     ``_slot_filled`` re-draws (session 16): the two long sequences take most of the parts, short
-    ones run in one to three — and the output still matches float64.
-    A part lost, doubled or merged under the wrong slot would show in the long sequences' rows."""
+    ones run in one to three — with 100-160 tokens (at most 10 tiles, under two parts of 8) in
+    one unsplit CTA each (part -1: no merge, the kernel writes the output itself) — and the output
+    still matches float64. A part lost, doubled or merged under the wrong slot would show in the
+    long sequences' rows; an unsplit short sequence left unwritten, as NaN (poisoned output)."""
     import cupy
 
     from kvlab.cuda.attention import _device_props
 
-    kv_lens = [int(x) for x in rng.integers(200, 401, size=40)] + [int(x) for x in rng.integers(11000, 13001, size=2)]
+    lo, hi = short
+    kv_lens = [int(x) for x in rng.integers(lo, hi + 1, size=40)] + [int(x) for x in rng.integers(11000, 13001, size=2)]
     order = rng.permutation(len(kv_lens))
     kv_lens = [kv_lens[i] for i in order]
     case = build_case(rng, fmt, 8, 4, 128, 16, [1] * len(kv_lens), kv_lens)
@@ -444,9 +448,12 @@ def test_slot_filled_ragged_paged_decode(rng, fmt):
     n_long = int(np.isin(items[:, 0], list(long_seqs)).sum())
     assert n_long >= 0.6 * len(items), (n_long, len(items))
     # a short sequence (at most 25 tiles of 16 tokens) gets at most 25 // 8 = 3 parts (128 tokens each at least)
-    short = [i for i in range(len(kv_lens)) if i not in long_seqs]
-    assert np.all(np.bincount(items[:, 0], minlength=len(kv_lens))[short] <= 3)
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} slot-filled ragged")
+    short_seqs = [i for i in range(len(kv_lens)) if i not in long_seqs]
+    counts = np.bincount(items[:, 0], minlength=len(kv_lens))[short_seqs]
+    assert np.all(counts <= 3)
+    if hi <= 160:
+        assert np.all(counts == 1) and np.all(items[np.isin(items[:, 0], short_seqs), 4] == -1)
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} slot-filled ragged {short}")
 
 
 @pytest.mark.parametrize("pdl", ["default", "0"])
