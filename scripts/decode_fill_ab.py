@@ -27,30 +27,7 @@ RAGGED = {
     "ragged 16 × 2k … 32k": list(range(2000, 32001, 2000)),
 }
 FORMATS = ("int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head")
-
-
-def build(torch, lens, Hq=32, Hkv=8, d=128, bs=16, seed=0):
-    """Random bf16 K/V of ``lens`` tokens per sequence, one decode query each, shuffled blocks."""
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    lens_t = torch.tensor(lens, dtype=torch.int64)
-    T = int(lens_t.sum())
-    key = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
-    value = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
-    nb_seq = [-(-n // bs) for n in lens]
-    nb = sum(nb_seq)
-    perm = torch.randperm(nb, device="cuda", generator=g).to(torch.int32)
-    table = torch.zeros((len(lens), max(nb_seq)), device="cuda", dtype=torch.int32)
-    slots, o = [], 0
-    for i, (n, k) in enumerate(zip(lens, nb_seq)):
-        table[i, :k] = perm[o:o + k]
-        o += k
-        pos = torch.arange(n, device="cuda")
-        slots.append(table[i].long()[pos // bs] * bs + pos % bs)
-    q = torch.randn((len(lens), Hq, d), device="cuda", dtype=torch.bfloat16, generator=g)
-    return dict(key=key, value=value, block_table=table, slots=torch.cat(slots), q=q,
-                seq_lens=torch.tensor(lens, device="cuda", dtype=torch.int32),
-                query_start_loc=torch.arange(len(lens) + 1, device="cuda", dtype=torch.int32),
-                num_blocks=nb, Hkv=Hkv, d=d, bs=bs)
+HQ, HKV, D = 32, 8, 128
 
 
 def main() -> int:
@@ -63,6 +40,7 @@ def main() -> int:
     import torch
 
     import kvlab
+    from kvlab.bench.suite_decode import BLOCK_SIZE, build_batch
     from kvlab.bench.timing import bench_ms
     from kvlab.cuda.attention import plan_paged_attention
 
@@ -78,9 +56,9 @@ def main() -> int:
         if name not in built:
             built.clear()
             torch.cuda.empty_cache()
-            built[name] = build(torch, lens)
+            built[name] = build_batch(torch, None, None, HQ, HKV, D, lens=lens)
         b = built[name]
-        cache = kvlab.allocate_cache(fmt, b["num_blocks"], b["bs"], b["Hkv"], b["d"], like=b["key"])
+        cache = kvlab.allocate_cache(fmt, b["num_blocks"], BLOCK_SIZE, HKV, D, like=b["key"])
         kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=fmt)
         a = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
         plans, outs = {}, {}

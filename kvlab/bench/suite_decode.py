@@ -84,20 +84,19 @@ def _floor_rows(torch, case, B, ctx, Hkv, d, names, row_bytes, k_c, v_c, q_c, sc
                  notes=f"fastest pure streaming read of these bytes (ring probe, contiguous): {fl['config']}; "
                        f"also {others}")]
     if names != ["auto"]:
+        # a quantized row is smaller than a bf16 one, so ctx_eq <= ctx: a prefix of the bf16 cache
         ctx_eq = floors.equal_bytes_context(ctx, row_bytes, d)
-        k_e = k_c[:, :, :ctx_eq].contiguous() if ctx_eq <= ctx else None
-        v_e = v_c[:, :, :ctx_eq].contiguous() if ctx_eq <= ctx else None
-        if k_e is not None:
-            r = bench_ms(lambda: _sdpa(torch, q_c, k_e, v_e, scale), repeats)
-            eq_bytes = 2 * B * ctx_eq * Hkv * 2 * d
-            g = gbps(eq_bytes, r["median_ms"])
-            rows.append(dict(suite=NAME, case=case, impl=f"torch SDPA bf16 at {label} bytes (L={ctx_eq})",
-                             median_ms=r["median_ms"], bytes=eq_bytes, gbps=g,
-                             frac_of_copy=g / copy_bandwidth_gbps(eq_bytes, repeats),
-                             ratio_vs_baseline=r["median_ms"] / base_ms,
-                             notes="SDPA on a contiguous bf16 cache of the format's byte count: the time the "
-                                   "format's call would take at torch's efficiency per byte, fixed costs included"))
-            del k_e, v_e
+        k_e, v_e = k_c[:, :, :ctx_eq].contiguous(), v_c[:, :, :ctx_eq].contiguous()
+        r = bench_ms(lambda: _sdpa(torch, q_c, k_e, v_e, scale), repeats)
+        eq_bytes = 2 * B * ctx_eq * Hkv * 2 * d
+        g = gbps(eq_bytes, r["median_ms"])
+        rows.append(dict(suite=NAME, case=case, impl=f"torch SDPA bf16 at {label} bytes (L={ctx_eq})",
+                         median_ms=r["median_ms"], bytes=eq_bytes, gbps=g,
+                         frac_of_copy=g / copy_bandwidth_gbps(eq_bytes, repeats),
+                         ratio_vs_baseline=r["median_ms"] / base_ms,
+                         notes="SDPA on a contiguous bf16 cache of the format's byte count: the time the "
+                               "format's call would take at torch's efficiency per byte, fixed costs included"))
+        del k_e, v_e
     return fl["median_ms"], rows
 
 
@@ -111,22 +110,31 @@ def _sdpa(torch, q, k, v, scale):
                                               scale=scale)
 
 
-def build_batch(torch, B, ctx, Hq, Hkv, d, seed=0):
-    """Random bf16 K/V, a decode query per sequence, a shuffled block table."""
+def build_batch(torch, B, ctx, Hq, Hkv, d, seed=0, lens=None):
+    """Random bf16 K/V, a decode query per sequence, a shuffled block table.
+
+    ``B`` sequences of ``ctx`` tokens, or ragged: ``lens`` (tokens per sequence) instead of
+    ``B``/``ctx`` (the block table is padded with block 0 past each sequence's blocks). A uniform
+    ``lens`` gives the same arrays as ``B``/``ctx`` with the same seed."""
+    lens = [int(ctx)] * int(B) if lens is None else [int(n) for n in lens]
     g = torch.Generator(device="cuda").manual_seed(seed)
-    T = B * ctx
+    T = sum(lens)
     key = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
     value = torch.randn((T, Hkv, d), device="cuda", dtype=torch.bfloat16, generator=g)
-    nb_seq = -(-ctx // BLOCK_SIZE)
-    nb = B * nb_seq
+    nb_seq = [-(-n // BLOCK_SIZE) for n in lens]
+    nb = sum(nb_seq)
     perm = torch.randperm(nb, device="cuda", generator=g).to(torch.int32)
-    block_table = perm.view(B, nb_seq).contiguous()
-    pos = torch.arange(ctx, device="cuda")
-    slots = (block_table.long()[:, pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE).reshape(-1)
-    q = torch.randn((B, Hq, d), device="cuda", dtype=torch.bfloat16, generator=g)
-    seq_lens = torch.full((B,), ctx, device="cuda", dtype=torch.int32)
-    qsl = torch.arange(B + 1, device="cuda", dtype=torch.int32)
-    return dict(key=key, value=value, block_table=block_table, slots=slots, q=q, seq_lens=seq_lens,
+    block_table = torch.zeros((len(lens), max(nb_seq)), device="cuda", dtype=torch.int32)
+    slots, o = [], 0
+    for i, (n, k) in enumerate(zip(lens, nb_seq)):
+        block_table[i, :k] = perm[o:o + k]
+        o += k
+        pos = torch.arange(n, device="cuda")
+        slots.append(block_table[i].long()[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE)
+    q = torch.randn((len(lens), Hq, d), device="cuda", dtype=torch.bfloat16, generator=g)
+    seq_lens = torch.tensor(lens, device="cuda", dtype=torch.int32)
+    qsl = torch.arange(len(lens) + 1, device="cuda", dtype=torch.int32)
+    return dict(key=key, value=value, block_table=block_table, slots=torch.cat(slots), q=q, seq_lens=seq_lens,
                 query_start_loc=qsl, num_blocks=nb)
 
 

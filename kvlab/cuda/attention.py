@@ -596,6 +596,11 @@ def _wave_weight() -> float:
     return w
 
 
+def _row_tiles(items: np.ndarray) -> np.ndarray:
+    """16-token tiles of each work-list row's KV range [kv_lo, kv_hi) (int64)."""
+    return -(-(items[:, 3].astype(np.int64) - items[:, 2]) // 16)
+
+
 def _split_groups(m: np.ndarray):
     """Split groups of the multi-part rows ``m`` of a work list (``_work_list``): consecutive rows
     of one (seq, tok0) with consecutive part ids. Returns (starts, sizes, lo16, hi, tiles)."""
@@ -804,7 +809,7 @@ PG_FILL_MIN_GAIN = 0.85
 def _longest_part(items: np.ndarray, n_sm: int, weight: float) -> float:
     """The longest part of a paged-decode work list in the balance model of ``_slot_filled``:
     its 16-token tiles, divided by ``weight`` for the first ``n_sm`` rows (the faster CTAs)."""
-    t = (-(-(items[:, 3].astype(np.int64) - items[:, 2]) // 16)).astype(np.float64)
+    t = _row_tiles(items).astype(np.float64)
     t[:n_sm] /= weight
     return float(t.max()) if len(t) else 0.0
 
@@ -814,7 +819,7 @@ def _fill_may_pay(weighted: np.ndarray, n_sm: int, capacity: int, weight: float)
     ``capacity`` slots has a longest part below the mean load per slot (all tiles over
     ``weight · n_sm + capacity - n_sm``), so unless ``PG_FILL_MIN_GAIN`` × the weighted list's
     longest part reaches that mean, filling cannot pay (uniform batches: 50.2 < 56.4 tiles)."""
-    tiles = float((-(-(weighted[:, 3].astype(np.int64) - weighted[:, 2]) // 16)).sum())
+    tiles = float(_row_tiles(weighted).sum())
     mean = tiles / (weight * n_sm + max(capacity - n_sm, 0))
     return PG_FILL_MIN_GAIN * _longest_part(weighted, n_sm, weight) >= mean
 
