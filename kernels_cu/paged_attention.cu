@@ -1297,27 +1297,18 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 // Splits are merged by paged_attention_reduce (partials at slot (part·ny + w)·NCOL + n, as
 // the per-head kernel with blockIdx.y = w). Below sm_90 the kernel is empty: the plan never
 // picks this variant there.
-// NH = 2, the wide CTA (d ≤ 128; the plan's KVLAB_DECODE_PAGED_WIDE, docs/perf-notes.md
-// "Session 17"): 2·ny warps and one CTA per SM instead of two. A stage holds twice the tokens;
-// warp cg takes the first half of its chunks and warp cg + ny the second, with the same stage
-// bodies, and the two softmax states of a column group are merged in the epilogue. Both
-// halves read every stage they share from the same buffer, so neither can run ahead of the
-// other by more than the ring; two CTAs of one SM instead run at different speeds (the first
-// placed is favoured by the warp schedulers) and end apart, which the work list can only
-// guess at (_wave_weighted).
 //
 // Dynamic shared memory (bytes, H = num_kv_heads): nbuf stages of 2·TT·H·ROW, aliased by the
-// q staging (prologue, NH·ny·NCOL·D·2, at the ring's end so that the stages before it are
-// copied during the prologue) and the output rows (epilogue, NH·ny·NCOL·D·4, from the start).
-// The plan computes the same size and picks nbuf (kvlab/cuda/attention.py, paged_smem_bytes and
+// q staging (prologue, ny·NCOL·D·2, at the ring's end so that the stages before it are copied
+// during the prologue) and the output rows (epilogue, ny·NCOL·D·4, from the start). The plan
+// computes the same size and picks nbuf (kvlab/cuda/attention.py, paged_smem_bytes and
 // _paged_buffers: two stages when a stage is ≥ 32 KB).
 // ====================================================================================
 #include "bulk_copy.cuh"
 
 namespace {
-constexpr int PG_MAXW = 8;    // column groups per CTA at most
+constexpr int PG_MAXW = 8;    // column groups (warps) per CTA at most
 constexpr int PG_MAXBUF = 4;  // stage buffers at most
-constexpr int PG_MAXNH = 2;   // warp halves per column group at most (the wide CTA, NH = 2)
 }
 
 // KVLAB_DECODE_TIMELINE (measurement only; scripts/decode_cta_timeline.py): thread 0 of every
@@ -1365,19 +1356,15 @@ __device__ __forceinline__ void tl_clock(int k) {
 #define KVLAB_TL_CLOCK(k) ((void)0)
 #endif
 
-// NH warps per column group: NH = 1, one warp per column group, the stage's CPH chunks each;
-// NH = 2 (the wide CTA, one per SM), warps cg and cg + ny take chunks [0, CPH) and [CPH, 2·CPH)
-// of each stage of twice the tokens.
-template <int FMT, int D, int NH = 1>
+template <int FMT, int D>
 struct PagedTile {
   static constexpr int ROW = Traits<FMT, D, __half>::ROW;   // bytes per (token, head) row
-  static constexpr int CPH = ROW <= 80 ? 2 : 1;             // 16-token chunks per stage and warp
-  static constexpr int TT = 16 * CPH * NH;                  // tokens per stage
+  static constexpr int TT = ROW <= 80 ? 32 : 16;            // tokens per stage
   static constexpr int CPT = TT / 16;                       // 16-token chunks per stage
 };
 
-template <int FMT, int D, typename T, int NH = 1>
-__global__ void __launch_bounds__(PG_MAXW * 32 * NH, (D > 128 || NH > 1 ? 1 : 2))
+template <int FMT, int D, typename T>
+__global__ void __launch_bounds__(PG_MAXW * 32, (D > 128 ? 1 : 2))
 paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                              const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                              int bt_stride, const int* __restrict__ seq_lens,
@@ -1388,36 +1375,33 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                              int nbuf) {
 #ifdef KVLAB_HAS_BULK_COPY
   using TR = Traits<FMT, D, T>;
-  using PT = PagedTile<FMT, D, NH>;
+  using PT = PagedTile<FMT, D>;
   using Raw = HeadRaw<FMT, D>;
   using Off = HeadOffsets<FMT, D>;
   static_assert(D == 64 || D == 128 || D == 256, "head sizes 64, 128, 256");
-  static_assert(NH == 1 || (NH == 2 && D <= 128), "the wide CTA (NH = 2): head sizes 64, 128");
   constexpr int E = D / 32;
   constexpr int KC = D / 16;
-  constexpr int ROW = PT::ROW, TT = PT::TT, CPT = PT::CPT, CPH = PT::CPH;
+  constexpr int ROW = PT::ROW, TT = PT::TT, CPT = PT::CPT;
   constexpr int S = D / 16;                 // nvfp4 scales per row
   constexpr int NGV = Raw::NGV;
   // bytes per (token, head) in the first part of a side: the whole row, or nvfp4's data
   constexpr int DROW = (FMT == NVFP4) ? D / 2 : ROW;
 
   extern __shared__ __align__(16) uint8_t dsm[];
-  __shared__ float qsum_sm[PG_MAXW * NH][NCOL], qoff_sm[PG_MAXW * NH][NCOL], cscale_sm[PG_MAXW * NH][NCOL];
-  __shared__ float mo_sm[PG_MAXW * NH][NCOL], lo_sm[PG_MAXW * NH][NCOL];
-  __shared__ int qpos_sm[PG_MAXW * NH][NCOL];
+  __shared__ float qsum_sm[PG_MAXW][NCOL], qoff_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
+  __shared__ float mo_sm[PG_MAXW][NCOL], lo_sm[PG_MAXW][NCOL];
+  __shared__ int qpos_sm[PG_MAXW][NCOL];
   __shared__ __align__(8) uint64_t full_bar[PG_MAXBUF], empty_bar[PG_MAXBUF];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nthr = blockDim.x, nwarp = nthr >> 5, ny = nwarp / NH;
+  const int nthr = blockDim.x, ny = nthr >> 5;
   const int g = lane >> 2, c = lane & 3;
-  // this warp's column group and half (NH = 2: the half's chunks of every stage)
-  const int half = NH == 1 ? 0 : warp / ny;
-  const int cg = NH == 1 ? warp : warp - half * ny;
   const int* it = items + ITEM * blockIdx.x;
   const int seq = it[0], tok0 = it[1], kv_lo = it[2], kv_hi = it[3], part = it[4];
   const int H = num_kv_heads;
   const int G = num_q_heads / H;
   const int nhg = G / hpc;
+  const int cg = warp;
   const int kvh = cg / nhg, hg = cg % nhg;
   const int qs = query_start_loc[seq];
   const int Lq = query_start_loc[seq + 1] - qs;
@@ -1493,7 +1477,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   constexpr int q_off = 0;
   const int q_buf = 0;
 #else
-  const int q_off = max(0, nbuf * stage_sm - nwarp * NCOL * D * 2) & ~127;
+  const int q_off = max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
   const int q_buf = q_off / stage_sm;   // the first buffer the q staging overlaps
   if (tid == 0)
     for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st);
@@ -1649,7 +1633,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // int4 stages of two full chunks as one unit (stage_pair_int4): this lane's words of a staged
   // buffer at three per-lane pointers into buffer 0 plus loop-invariant steps (multiples of
   // H·ROW bytes, warp-uniform); a stage adds its buffer offset once.
-  constexpr bool STAGE_INT4 = (FMT == INT4) && ImmaQK<FMT>::value && (CPH == 2) && IL && !ROT;
+  constexpr bool STAGE_INT4 = (FMT == INT4) && ImmaQK<FMT>::value && (CPT == 2) && IL && !ROT;
 #ifdef KVLAB_DECODE_STAGE_NVFP4
   // nvfp4 (fp16 Q·K path, consecutive-byte rows): stage_body_nvfp4, one or two chunks per stage
   constexpr bool STAGE_NVFP4 = (FMT == NVFP4) && !ImmaQK<FMT>::value && !IL;
@@ -1746,32 +1730,27 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     if (PROBE_MATH) {
 #ifdef KVLAB_DECODE_STAGE
     if constexpr (STAGE_BODY) {
-      // this warp's chunks of the stage: [j0, j0 + CPH) (NH = 2: the warp's half)
-      const int j0 = half * CPH, ch = st * CPT + j0, p0 = lo16 + 16 * ch;
-      if (ch >= tf0 && ch + CPH <= tf1) {   // the warp's chunks all full: one body, no masks
+      const int ch = st * CPT, p0 = lo16 + 16 * ch;
+      if (ch >= tf0 && ch + CPT <= tf1) {   // both chunks full: one body, no masks
         auto body = [&](auto hc_tag) {
           constexpr int HC = decltype(hc_tag)::value;
           const uint32_t hr16 = 16u * (HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR));
-          const uint32_t hs16 = 16u * (HC ? static_cast<uint32_t>(HC * S) : static_cast<uint32_t>(H * S));
-          // the warp's first chunk in the buffer (data part; nvfp4's scale part: bo_s)
-          const uint32_t bo = boff + (NH == 1 ? 0u : static_cast<uint32_t>(j0) * hr16);
-          const uint32_t bo_s = boff + (NH == 1 ? 0u : static_cast<uint32_t>(j0) * hs16);
-          (void)hs16; (void)bo_s;
           if constexpr (FMT == INT4) {
             Raw ra, rb;
-            fill_full(ra, bo, hc_tag);
-            fill_full(rb, bo + hr16, hc_tag);
+            fill_full(ra, boff, hc_tag);
+            fill_full(rb, boff + hr16, hc_tag);
             stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
           }
 #ifdef KVLAB_DECODE_STAGE_NVFP4
-          else {   // nvfp4: stage_body_nvfp4 over the warp's CPH chunks
+          else {   // nvfp4: stage_body_nvfp4 over the stage's CPT chunks
             Raw ra;
-            fill_full(ra, bo, hc_tag);
-            fill_scales(ra, bo_s, hc_tag);
-            if constexpr (CPH == 2) {
+            fill_full(ra, boff, hc_tag);
+            fill_scales(ra, boff, hc_tag);
+            if constexpr (CPT == 2) {
+              const uint32_t hs16 = 16u * (HC ? static_cast<uint32_t>(HC * S) : static_cast<uint32_t>(H * S));
               Raw rb;
-              fill_full(rb, bo + hr16, hc_tag);
-              fill_scales(rb, bo_s + hs16, hc_tag);
+              fill_full(rb, boff + hr16, hc_tag);
+              fill_scales(rb, boff + hs16, hc_tag);
               stage_body_nvfp4<D, T, 2>(ra, rb, acc, m, l, z, qa, kc, mlo, mhi, lane);
             } else {
               (void)hr16;
@@ -1784,10 +1763,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         else body(IntTag<0>{});
       } else {   // an edge stage (rare): the masked tile math for each chunk it has
 #pragma unroll 1
-        for (int j = 0; j < CPH; ++j) {
+        for (int j = 0; j < CPT; ++j) {
           if (ch + j < nch) {
             Raw r;
-            fill(r, sbuf, j0 + j, p0 + 16 * j, MaskTag<true>{});
+            fill(r, sbuf, j, p0 + 16 * j, MaskTag<true>{});
             head_tile_math<FMT, D, T, true, true>(r, p0 + 16 * j, acc, m, l, z, qa, qsum, qoff, cs, kc, qpos, L,
                                                   window, mlo, mhi, lane);
           }
@@ -1796,8 +1775,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     } else
 #endif
 #ifdef KVLAB_PAGED_PAIR
-    // two chunks of one stage with one softmax update (head_tile_pair; NH = 1 only)
-    if (NH == 1 && CPT == 2 && st * CPT + 1 < nch) {
+    // two chunks of one stage with one softmax update (head_tile_pair)
+    if (CPT == 2 && st * CPT + 1 < nch) {
       const int ch = st * CPT, p0 = lo16 + 16 * ch;
       Raw ra, rb;
       if (ch >= tf0 && ch + 1 < tf1) {
@@ -1814,7 +1793,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     } else
 #endif
 #pragma unroll
-    for (int j = half * CPH; j < half * CPH + CPH; ++j) {   // this warp's chunks of the stage
+    for (int j = 0; j < CPT; ++j) {
       const int ch = st * CPT + j;
       if (ch < nch) {
         const int p0 = lo16 + 16 * ch;
@@ -1857,38 +1836,16 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     store_acc_columns<FMT, D>(ow, acc, z0, z1, g, c);
     if (c == 0) { mo_sm[warp][g] = m; lo_sm[warp][g] = l; }
   }
+  __syncwarp();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  if constexpr (NH == 1) {
-    __syncwarp();
-    for (int n = 0; n < NCOL; ++n) {
-      const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
-      float x[E];
+  for (int n = 0; n < NCOL; ++n) {
+    const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
+    float x[E];
 #pragma unroll
-      for (int j = 0; j < E; ++j) x[j] = ow[n * D + lane * E + j] * vfac;
-      const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
-      finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
-                               kvh * G + hg * hpc, ws_o, ws_ml, lane);
-    }
-  } else {
-    // the two halves of column group cg (warps cg, cg + ny) hold the softmax states of
-    // disjoint chunks: merged here as the split merge does (log2 domain), columns interleaved
-    // over the two warps
-    __syncthreads();
-    const float* oa = reinterpret_cast<const float*>(dsm) + static_cast<size_t>(cg) * NCOL * D;
-    const float* ob = oa + static_cast<size_t>(ny) * NCOL * D;
-    for (int n = half; n < NCOL; n += NH) {
-      const float ma = mo_sm[cg][n], mb = mo_sm[cg + ny][n];
-      const float M = fmaxf(ma, mb);
-      const float fa = exp2f(ma - M), fb = exp2f(mb - M);   // 1 for both at NEG_BIG (empty)
-      const float Ls = lo_sm[cg][n] * fa + lo_sm[cg + ny][n] * fb;
-      float x[E];
-#pragma unroll
-      for (int j = 0; j < E; ++j)
-        x[j] = fmaf(oa[n * D + lane * E + j], fa, ob[n * D + lane * E + j] * fb) * vfac;
-      const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
-      finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
-                               kvh * G + hg * hpc, ws_o, ws_ml, lane);
-    }
+    for (int j = 0; j < E; ++j) x[j] = ow[n * D + lane * E + j] * vfac;
+    const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
+    finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
+                             kvh * G + hg * hpc, ws_o, ws_ml, lane);
   }
 #ifdef KVLAB_DECODE_TIMELINE
   __syncthreads();

@@ -88,49 +88,6 @@ def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
         assert "two stages" in note
 
 
-@pytest.mark.parametrize("code, d, h, expect, fit", [
-    (3, 128, 8, 2, 3),   # int4: stages of 2·2·32·8·68 = 69,632 B; 3 fit in 223 KB (one CTA per SM), big: 2
-    (4, 128, 8, 2, 3),   # nvfp4: 73,728 B stages, 3 fit (221,184 B)
-    (1, 128, 8, 2, 3),   # int8: 2·2·16·8·132 = 67,584 B
-    (3, 64, 3, 4, 4),    # the shipped model's shape: 13,824 B stages, the 4-stage cap
-])
-def test_paged_wide_stage_count(h200, monkeypatch, code, d, h, expect, fit):
-    """The wide CTA (nh = 2, one per SM): stages of twice the tokens, sized for the whole SM."""
-    A = h200
-    monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF", raising=False)
-    assert A.paged_stage_bytes(code, d, h, 2) == 2 * A.paged_stage_bytes(code, d, h)
-    nbuf, note = A._paged_buffers(code, d, h, h, 0, 2)
-    assert nbuf == expect, note
-    assert A.paged_smem_bytes(code, d, h, h, nbuf, 2) <= 227 * 1024 - 4096
-    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
-    assert A._paged_buffers(code, d, h, h, 0, 2)[0] == fit
-    assert A.paged_smem_bytes(code, d, h, h, fit, 2) <= 227 * 1024 - 4096
-    # the output rows of 16 warps (64 KB at d = 128) fit in what the stages take
-    assert A.paged_smem_bytes(code, d, h, h, 2, 2) >= 2 * h * 8 * d * 4
-
-
-def test_paged_halves_env(monkeypatch):
-    """KVLAB_DECODE_PAGED_WIDE picks the wide CTA where it is built (quantized formats, d <= 128)."""
-    from kvlab.cuda import attention as A
-
-    monkeypatch.delenv("KVLAB_DECODE_PAGED_WIDE", raising=False)
-    assert A._paged_halves(3, 128) == (2 if A.PG_WIDE_DEFAULT else 1)
-    monkeypatch.setenv("KVLAB_DECODE_PAGED_WIDE", "1")
-    assert [A._paged_halves(c, 128) for c in (0, 1, 2, 3, 4)] == [1, 2, 2, 2, 2]
-    assert A._paged_halves(3, 64) == 2 and A._paged_halves(3, 256) == 1
-    monkeypatch.setenv("KVLAB_DECODE_PAGED_WIDE", "0")
-    assert A._paged_halves(3, 128) == 1
-    monkeypatch.setenv("KVLAB_DECODE_PAGED_WIDE", "yes")
-    with pytest.raises(ValueError, match="KVLAB_DECODE_PAGED_WIDE"):
-        A._paged_halves(3, 128)
-    # every (format, head size) the plan can give nh = 2 has its instantiation
-    names = {s.name_expression() for s in A.SPECS}
-    for code in A.PG_WIDE_CODES:
-        for d in A.PG_WIDE_HEAD_SIZES:
-            for t in A.Q_DTYPES:
-                assert A._paged_spec(code, d, t, 2).name_expression() in names
-
-
 def test_paged_stage_cap_env(h200, monkeypatch):
     A = h200
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "2")
