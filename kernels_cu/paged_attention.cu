@@ -76,7 +76,13 @@ using namespace kvlab::attn;
 namespace {
 constexpr int NW = 4;     // warps per CTA
 constexpr int NCOL = 8;   // query columns per CTA (the mma N dimension)
-constexpr int ITEM = 5;   // ints per work item: seq, tok0, kv_lo, kv_hi, part (-1: final)
+// ints per work item (one 64-byte row): seq, tok0, kv_lo, kv_hi | part (-1: final), qs, Lq, L |
+// lo16, 0, 0, 0 | b0 … b3 — the query offset, query length and KV length of the sequence, the
+// start of the item's first 16-token chunk and the cache blocks of its first four chunks (-1
+// past its range), written by the plan (kvlab/cuda/attention.py, _item_meta) from the host
+// copies of query_start_loc, seq_lens and block_table. The per-head kernel reads the first five.
+constexpr int ITEM = 16;
+constexpr int ITEM_PRE = 4;   // chunks whose block the item carries
 }  // namespace
 
 // Token order of a decode warp's 16-token tile (lane = 4g + c). The S = Q·K^T mma puts token
@@ -1397,15 +1403,26 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int nthr = blockDim.x, ny = nthr >> 5;
   const int g = lane >> 2, c = lane & 3;
   const int* it = items + ITEM * blockIdx.x;
+#ifndef KVLAB_DECODE_NO_ITEM_META
+  // The item's row carries the sequence's metadata and its first chunks' blocks (ITEM): the
+  // query rows and the first copies wait for this one load instead of a chain of three
+  // (item → query_start_loc / seq_lens → block_table; docs/perf-notes.md "Session 17").
+  // -DKVLAB_DECODE_NO_ITEM_META reads them from the arrays as before (A/B).
+  const int4 i0 = __ldg(reinterpret_cast<const int4*>(it));
+  const int4 i1 = __ldg(reinterpret_cast<const int4*>(it) + 1);
+  const int seq = i0.x, tok0 = i0.y, kv_lo = i0.z, kv_hi = i0.w, part = i1.x;
+  const int qs = i1.y, Lq = i1.z, L = i1.w;
+#else
   const int seq = it[0], tok0 = it[1], kv_lo = it[2], kv_hi = it[3], part = it[4];
+  const int qs = query_start_loc[seq];
+  const int Lq = query_start_loc[seq + 1] - qs;
+  const int L = seq_lens[seq];
+#endif
   const int H = num_kv_heads;
   const int G = num_q_heads / H;
   const int nhg = G / hpc;
   const int cg = warp;
   const int kvh = cg / nhg, hg = cg % nhg;
-  const int qs = query_start_loc[seq];
-  const int Lq = query_start_loc[seq + 1] - qs;
-  const int L = seq_lens[seq];
   const int BS = 1 << bs_log2;
 
 #ifndef KVLAB_DECODE_SERIAL_QUERY_COLUMNS
@@ -1444,15 +1461,34 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int side_sm = TT * H * ROW;                                      // one side of a stage
   const int stage_sm = 2 * side_sm;
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
-  // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b.
-  auto issue = [&](int st, int b) {   // b = st % nbuf
+#ifndef KVLAB_DECODE_NO_ITEM_META
+  // the blocks of the item's first ITEM_PRE chunks, valid if the plan's chunk start is this one
+  // (it always is for the plan's lists; the check keeps a list from elsewhere correct). Used by
+  // the stages issued before the main loop only, so that they are dead in it.
+  int4 pre = make_int4(-1, -1, -1, -1);
+  if (tid == 0) {
+    const int lo16_plan = __ldg(it + 8);
+    pre = __ldg(reinterpret_cast<const int4*>(it) + 3);
+    if (lo16_plan != lo16) pre = make_int4(-1, -1, -1, -1);
+  }
+#endif
+  // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b;
+  // PRE: a stage before the main loop (its first chunks' blocks may come from the item).
+  auto issue = [&](int st, int b, auto pre_tag) {   // b = st % nbuf
+    constexpr bool PRE = decltype(pre_tag)::value;
     uint8_t* sbuf = dsm + b * stage_sm;
     const int nc = min(CPT, nch - st * CPT);
     constexpr uint32_t CH_BYTES = 16u * ((FMT == NVFP4) ? (D / 2 + S) : ROW);   // per head, side
     mbar_arrive_expect_tx(&full_bar[b], 2u * nc * CH_BYTES * H);
     for (int j = 0; j < nc; ++j) {
-      const int p0 = lo16 + 16 * (st * CPT + j);
-      const int blk = bt[p0 >> bs_log2];
+      const int ci = st * CPT + j;
+      const int p0 = lo16 + 16 * ci;
+      int blk = -1;
+#ifndef KVLAB_DECODE_NO_ITEM_META
+      if constexpr (PRE)
+        blk = ci == 0 ? pre.x : ci == 1 ? pre.y : ci == 2 ? pre.z : ci == 3 ? pre.w : -1;
+#endif
+      if (blk < 0) blk = bt[p0 >> bs_log2];
       const int o = p0 & (BS - 1);
       const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
 #pragma unroll
@@ -1480,7 +1516,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int q_off = max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
   const int q_buf = q_off / stage_sm;   // the first buffer the q staging overlaps
   if (tid == 0)
-    for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st);
+    for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st, MaskTag<true>{});
 #endif
   KVLAB_TL_CLOCK(12);
   uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm + q_off) + static_cast<size_t>(warp) * NCOL * D;
@@ -1706,7 +1742,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 
   // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
   if (tid == 0)
-    for (int st = q_buf; st < min(nbuf, nst); ++st) issue(st, st);
+    for (int st = q_buf; st < min(nbuf, nst); ++st) issue(st, st, MaskTag<true>{});
   int b = 0;          // st % nbuf
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
   // KVLAB_DECODE_PROBE (measurement only, wrong outputs; docs/perf-notes.md "Session 10: where the
@@ -1813,7 +1849,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
     if (PROBE_DATA && tid == 0 && st + nbuf < nst) {
       mbar_wait(&empty_bar[b], ph);
-      issue(st + nbuf, b);
+      issue(st + nbuf, b, MaskTag<false>{});
     }
 #ifdef KVLAB_DECODE_STAGE
     boff += static_cast<uint32_t>(stage_sm);

@@ -410,3 +410,61 @@ def test_fill_pays_only_for_a_large_modelled_gain(seq_lens, pays):
     # the model itself, on a hand case: 3 rows of 32, 16 and 48 tiles, the first one on a fast slot
     hand = np.array([[0, 0, 0, 512, 0], [0, 0, 512, 768, 1], [0, 0, 768, 1536, 2]], np.int32)
     assert A._longest_part(hand, 1, 1.6) == 48.0 and A._longest_part(hand, 3, 1.6) == 30.0
+
+
+# ---- the device rows of the work list (_item_meta, session 17): the paged decode kernel takes its
+# sequence's metadata and its first chunks' blocks from them instead of three dependent loads
+def _kernel_kv_tiles(row, qsl, sl, tpc, hpc, window):
+    """kv_tiles of paged_attention.cu for one item, column by column as the kernel does."""
+    seq, tok0, kv_lo, kv_hi = (int(x) for x in row[:4])
+    qs, L = int(qsl[seq]), int(sl[seq])
+    Lq = int(qsl[seq + 1]) - qs
+    qpos = []
+    for n in range(8):
+        tok = tok0 + n // hpc
+        qpos.append(L - Lq + tok if (n < tpc * hpc and tok < Lq) else -1)
+    valid = [p for p in qpos if p >= 0]
+    pmax, pmin = (max(valid), min(valid)) if valid else (-1, 2**31 - 1)
+    lo, hi = kv_lo, min(kv_hi, pmax + 1)
+    if window > 0:
+        lo = max(lo, pmin - window + 1)
+    lo16 = lo & ~15
+    return lo16, ((hi - lo16 + 15) >> 4 if hi > lo16 else 0), bool(valid)
+
+
+@pytest.mark.parametrize("window", [0, 1, 37, 700])
+@pytest.mark.parametrize("hpc", [1, 4, 8])
+@pytest.mark.parametrize("bs", [16, 32, 64])
+def test_item_meta_matches_the_kernel(window, hpc, bs):
+    """Every device row carries its sequence's query offset / length and KV length, the chunk
+    start the kernel computes (kv_tiles, transcribed column by column above) and the blocks of its
+    first ITEM_PRE chunks (-1 past its chunks); the host columns are unchanged. Ragged decode,
+    prefill and chunked-prefill rows, splits forced and not, random block tables."""
+    from kvlab.cuda import attention as A
+
+    rng = np.random.default_rng(17 + window + 7 * hpc + bs)
+    tpc = 8 // hpc
+    qlen = np.array([1, 1, 5, 40, 1, 3, 1], np.int64)
+    sl = np.array([1, 17, 90, 3000, 16, 2048, 777], np.int64)
+    qsl = np.concatenate([[0], np.cumsum(qlen)])
+    nblk = -(-sl // bs)
+    bt = rng.integers(0, 10_000, size=(len(sl), int(nblk.max()) + 2)).astype(np.int32)
+    for ns in (None, 3, 50):
+        items, _, _ = A._work_list(qsl, sl, tpc, window, 1, 264, ns, 16 * 8)
+        rows = A._item_meta(items, qsl, sl, bt, tpc, window, bs)
+        assert rows.shape == (len(items), A.ITEM) and rows.dtype == np.int32
+        assert np.array_equal(rows[:, :A.ITEM_HOST], items)
+        for row, r in zip(items, rows):
+            seq = int(row[0])
+            assert (r[5], r[6], r[7]) == (qsl[seq], qsl[seq + 1] - qsl[seq], sl[seq])
+            lo16, nch, valid = _kernel_kv_tiles(row, qsl, sl, tpc, hpc, window)
+            if not valid:
+                assert r[8] == -1 and np.all(r[12:] == -1)
+                continue
+            assert r[8] == lo16
+            for j in range(A.ITEM_PRE):
+                want = bt[seq, (lo16 + 16 * j) // bs] if j < nch else -1
+                assert r[12 + j] == want, (row, j, r)
+        # the plan's lists start every item at a chunk boundary of its own range
+        assert np.all(rows[rows[:, 8] >= 0, 8] == rows[rows[:, 8] >= 0, 2])
+    assert A._item_meta(np.zeros((0, A.ITEM_HOST), np.int32), qsl, sl, bt, tpc, window, bs).shape == (0, A.ITEM)

@@ -78,7 +78,9 @@ HEAD_SIZES = (64, 128, 256)
 Q_DTYPES = ("bfloat16", "float16")
 NW = 4          # warps per attention CTA
 NCOL = 8        # query columns per CTA
-ITEM = 5        # ints per work item
+ITEM_HOST = 5   # ints per work item of the host lists: seq, tok0, kv_lo, kv_hi, part
+ITEM = 16       # ints per work item on the device: ITEM_HOST, then the row's metadata (_item_meta)
+ITEM_PRE = 4    # chunks whose cache block a device row carries (ITEM_PRE in paged_attention.cu)
 MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of 16 tokens
 
 DECODE_VARIANTS = ("auto", "per_head", "paged")
@@ -386,7 +388,7 @@ class AttentionPlan:
     v_scale: float
     window: int
     swizzle_v: int
-    items: object        # device int32 (n_items, ITEM)
+    items: object        # device int32 (n_items, ITEM): the work list (_item_meta)
     red_items: object    # device int32 (n_red, 4) or None
     n_items: int
     n_red: int
@@ -542,7 +544,7 @@ def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None, min_split_to
     S = len(sl)
     seq = np.repeat(np.arange(S), ntok_tiles)
     if seq.size == 0:
-        return np.zeros((0, ITEM), np.int32), np.zeros((0, 4), np.int32), 0
+        return np.zeros((0, ITEM_HOST), np.int32), np.zeros((0, 4), np.int32), 0
     first = np.repeat(np.cumsum(ntok_tiles) - ntok_tiles, ntok_tiles)
     tok0 = (np.arange(seq.size) - first) * tpc
     last = np.minimum(tok0 + tpc, qlen[seq]) - 1
@@ -580,6 +582,44 @@ def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None, min_split_to
     red = (np.ascontiguousarray(np.concatenate(reds).astype(np.int32)) if reds
            else np.zeros((0, 4), np.int32))
     return items, red, part
+
+
+def _item_meta(items: np.ndarray, qsl: np.ndarray, sl: np.ndarray, bt: np.ndarray, tpc: int, window: int,
+               block_size: int) -> np.ndarray:
+    """The device rows ``(n, ITEM)`` int32 of a host work list ``(n, ITEM_HOST)``: the item, then
+    its sequence's query offset, query length and KV length (``query_start_loc[seq]``,
+    ``query_start_loc[seq + 1] - query_start_loc[seq]``, ``seq_lens[seq]``) at 5 … 7, the start of
+    its first 16-token chunk at 8 (``kv_tiles`` in paged_attention.cu: the range cut to the
+    columns' query positions and the window, rounded down to 16) and the cache blocks of its first
+    ``ITEM_PRE`` chunks at 12 … (-1 past its chunks). The paged decode kernel then waits for one
+    load of its row before it issues its first copies and query loads, instead of a chain of
+    three (row, metadata, block table; docs/perf-notes.md "Session 17"). ``qsl``, ``sl``, ``bt``:
+    the host copies the plan validated (a plan is run with the arrays it was built from)."""
+    n = len(items)
+    out = np.zeros((n, ITEM), np.int32)
+    if n == 0:
+        return out
+    out[:, :ITEM_HOST] = items
+    seq = items[:, 0].astype(np.int64)
+    tok0, kv_lo, kv_hi = (items[:, k].astype(np.int64) for k in (1, 2, 3))
+    qs = qsl[seq].astype(np.int64)
+    lq = qsl[seq + 1].astype(np.int64) - qs
+    L = sl[seq].astype(np.int64)
+    out[:, 5], out[:, 6], out[:, 7] = qs, lq, L
+    last = np.minimum(tok0 + tpc, lq) - 1          # the item's last query token (columns tok0 …)
+    valid = last >= tok0
+    pmin = L - lq + tok0
+    pmax = np.where(valid, L - lq + last, -1)
+    lo = np.maximum(kv_lo, pmin - window + 1) if window > 0 else kv_lo
+    hi = np.minimum(kv_hi, pmax + 1)
+    lo16 = lo & ~15
+    nch = np.where(valid & (hi > lo16), (hi - lo16 + 15) >> 4, 0)
+    out[:, 8] = np.where(valid, lo16, -1)
+    for j in range(ITEM_PRE):
+        ok = j < nch
+        col = np.where(ok, (lo16 + 16 * j) // block_size, 0)
+        out[:, 12 + j] = np.where(ok, bt[seq, col], -1)
+    return out
 
 
 def _wave_weight() -> float:
@@ -951,8 +991,9 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     with cupy.cuda.Device(dev):
         with L.stream_of(q):
             # one host-to-device copy for the three work lists (views into one buffer)
+            rows = _item_meta(items, qsl_h, sl_h, meta["block_table"], tpc, window, bs)
             parts = [np.ascontiguousarray(a, np.int32).ravel()
-                     for a in (items if len(items) else np.zeros((1, ITEM), np.int32), red, pf_items)]
+                     for a in (rows if len(rows) else np.zeros((1, ITEM), np.int32), red, pf_items)]
             buf = cupy.asarray(np.concatenate(parts))
             o1, o2 = parts[0].size, parts[0].size + parts[1].size
             items_d = buf[:o1].reshape(-1, ITEM)

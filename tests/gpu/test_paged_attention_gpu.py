@@ -458,6 +458,55 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} slot-filled ragged {short}")
 
 
+@pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head"])
+def test_paged_item_rows_carry_the_first_blocks(rng, fmt):
+    """The paged decode takes its sequence's metadata and its first chunks' cache blocks from its
+    work-list row (``_item_meta``, session 17): with the rows' block columns replaced by other
+    (valid) blocks the output must go wrong — so the kernel does use them — unless the row's chunk
+    start (column 8) disagrees with the one the kernel computes, when it must ignore them and read
+    the block table (output right again)."""
+    import cupy
+
+    from kvlab.cuda.attention import ITEM_PRE
+    from kvlab.cuda.loader import compile_options
+
+    if _device_cc() < 90:
+        pytest.skip("the paged decode needs sm_90")
+    case = build_case(rng, fmt, 8, 4, 128, 16, [1, 1, 1, 1], [900 + int(rng.integers(0, 50)), 333, 2000, 47])
+    dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    from kvlab.cuda.attention import plan_paged_attention
+
+    plan = plan_paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
+                                dev["query_start_loc"], case["kv_cache_dtype"], None, case["k_scale"],
+                                case["v_scale"], None, num_splits=3, decode_variant="paged")
+    assert plan.decode_variant == "paged", plan.decode_variant_note
+    ref = run_ref(case)
+
+    def run():
+        out = dev["q"].clone()
+        out[...] = float("nan")
+        plan.run(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"], out=out)
+        return to_host(out).astype(np.float64)
+
+    check_close(run(), ref, "bfloat16", f"{fmt} item rows as planned")
+    rows = cupy.asnumpy(plan.items)
+    num_blocks = case["kv_cache"].shape[0]
+    wrong = rows.copy()
+    pre = wrong[:, 12:12 + ITEM_PRE]
+    wrong[:, 12:12 + ITEM_PRE] = np.where(pre >= 0, (pre + 1) % num_blocks, pre)
+    wrong[:, 8] += 16   # a chunk start the kernel does not compute: the blocks must be ignored
+    plan.items[...] = cupy.asarray(wrong)
+    check_close(run(), ref, "bfloat16", f"{fmt} item rows with a foreign chunk start")
+    if "-DKVLAB_DECODE_NO_ITEM_META" in compile_options():
+        return
+    wrong[:, 8] = rows[:, 8]   # the right chunk start with the wrong blocks: used, so wrong output
+    plan.items[...] = cupy.asarray(wrong)
+    out = run()
+    # garbage blocks may decode to non-finite values (a garbage float32 scale): wrong as well
+    rel = np.linalg.norm(np.nan_to_num(out - ref, nan=1e30, posinf=1e30, neginf=1e30)) / np.linalg.norm(ref)
+    assert rel > 0.05, f"{fmt}: the rows' blocks were not used (rel L2 {rel:.2e} with every first block wrong)"
+
+
 @pytest.mark.parametrize("pdl", ["default", "0"])
 def test_pdl_merge_launch(rng, variant, pdl, monkeypatch):
     """On sm_90 the split merge is a programmatic dependent launch (launch_dependent, spied) in
