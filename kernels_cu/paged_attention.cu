@@ -1412,6 +1412,15 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int4 i1 = __ldg(reinterpret_cast<const int4*>(it) + 1);
   const int seq = i0.x, tok0 = i0.y, kv_lo = i0.z, kv_hi = i0.w, part = i1.x;
   const int qs = i1.y, Lq = i1.z, L = i1.w;
+  // the row's second half (chunk start, first blocks; thread 0, the producer, only), loaded
+  // with the first so that both arrive after one round trip: it is another 32-byte sector, and
+  // loaded where it is used (after the KV range) it cost a second round trip (session 17, call 2)
+  int lo16_plan = -1;
+  int4 pre = make_int4(-1, -1, -1, -1);
+  if (tid == 0) {
+    lo16_plan = __ldg(it + 8);
+    pre = __ldg(reinterpret_cast<const int4*>(it) + 3);
+  }
 #else
   const int seq = it[0], tok0 = it[1], kv_lo = it[2], kv_hi = it[3], part = it[4];
   const int qs = query_start_loc[seq];
@@ -1465,12 +1474,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // the blocks of the item's first ITEM_PRE chunks, valid if the plan's chunk start is this one
   // (it always is for the plan's lists; the check keeps a list from elsewhere correct). Used by
   // the stages issued before the main loop only, so that they are dead in it.
-  int4 pre = make_int4(-1, -1, -1, -1);
-  if (tid == 0) {
-    const int lo16_plan = __ldg(it + 8);
-    pre = __ldg(reinterpret_cast<const int4*>(it) + 3);
-    if (lo16_plan != lo16) pre = make_int4(-1, -1, -1, -1);
-  }
+  if (lo16_plan != lo16) pre = make_int4(-1, -1, -1, -1);
 #endif
   // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b;
   // PRE: a stage before the main loop (its first chunks' blocks may come from the item).
