@@ -66,68 +66,12 @@
 #define KVLAB_PDL_LAUNCH_DEPENDENTS() ((void)0)
 #define KVLAB_PDL_WAIT() ((void)0)
 #endif
-// The split partials are published with flags (KVLAB_DECODE_MERGE_FLAGS, the default since
-// session 17; docs/perf-notes.md "Session 17"): a decode warp stores the o rows of its columns,
-// fences, and then stores each column's (m, l) as one 64-bit release store; the merge acquires
-// each part's (m, l) word, spinning while it still holds ML_EMPTY, instead of waiting for the
-// whole decode grid with griddepcontrol.wait, so it reads the parts that are done while the
-// last decode CTAs still run, and resets every word it read to ML_EMPTY (the plan allocates
-// them so). It waits for the decode grid at its end only (griddepcontrol.wait), so that it
-// never completes before it. -DKVLAB_DECODE_NO_MERGE_FLAGS: session 12's form (the merge waits
-// for the grid before its first read).
-#if !defined(KVLAB_DECODE_NO_MERGE_FLAGS) && !defined(KVLAB_DECODE_MERGE_FLAGS)
-#define KVLAB_DECODE_MERGE_FLAGS
-#endif
-#if defined(KVLAB_DECODE_NO_MERGE_FLAGS) && defined(KVLAB_DECODE_MERGE_FLAGS)
-#error "KVLAB_DECODE_MERGE_FLAGS (the default) and KVLAB_DECODE_NO_MERGE_FLAGS exclude each other"
-#endif
 #include "common.cuh"
 #include "hadamard.cuh"
 #include "attention_common.cuh"
 
 using namespace kvlab;
 using namespace kvlab::attn;
-
-namespace {
-// The m word of a partial slot that holds no partial (ML_EMPTY in kvlab/cuda/attention.py): a
-// NaN whose payload no arithmetic produces (computed NaNs are 0x7fffffff here).
-constexpr uint32_t ML_EMPTY = 0x7fbadbadu;
-constexpr int ML_SPIN_MAX = 1 << 20;   // × ~128 ns: a part never written gives NaN after ~0.1 s
-}  // namespace
-
-// (m, l) of a split partial at p, as one 64-bit store with release semantics (gpu scope).
-__device__ __forceinline__ void store_ml_release(float* p, float m, float l) {
-  const unsigned long long v =
-      (static_cast<unsigned long long>(__float_as_uint(l)) << 32) | __float_as_uint(m);
-  asm volatile("st.release.gpu.global.b64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
-// The merge's read of a part's (m, l) word: acquire, spinning (with backoff) while it is
-// ML_EMPTY; NaN after ML_SPIN_MAX tries (a part that is never written poisons its column
-// instead of hanging the GPU).
-__device__ __forceinline__ float2 wait_ml(const float* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  for (int i = 0; static_cast<uint32_t>(v) == ML_EMPTY && i < ML_SPIN_MAX; ++i) {
-    __nanosleep(128);
-    asm volatile("ld.acquire.gpu.global.b64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  }
-  if (static_cast<uint32_t>(v) == ML_EMPTY) return make_float2(__uint_as_float(0x7fffffffu), 0.f);
-  return make_float2(__uint_as_float(static_cast<uint32_t>(v)), __uint_as_float(static_cast<uint32_t>(v >> 32)));
-}
-
-// After a warp stored the o rows of its columns of split `part` (finish_column): each lane `k`
-// that holds a column (mine) publishes its (m, l) at its slot, after a fence that makes every
-// lane's o stores visible first.
-__device__ __forceinline__ void publish_ml(float* __restrict__ ws_ml, size_t slot, float m, float l, bool mine) {
-#ifdef KVLAB_DECODE_MERGE_FLAGS
-  __threadfence();
-  __syncwarp();
-  if (mine) store_ml_release(ws_ml + 2 * slot, m, l);
-#else
-  (void)ws_ml; (void)slot; (void)m; (void)l; (void)mine;
-#endif
-}
 
 namespace {
 constexpr int NW = 4;     // warps per CTA
@@ -506,9 +450,7 @@ __device__ __forceinline__ void finish_column(
   if (part >= 0) {
 #pragma unroll
     for (int j = 0; j < E; ++j) ws_o[slot * D + lane * E + j] = x[j];
-#ifndef KVLAB_DECODE_MERGE_FLAGS
     if (lane == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
-#endif
   } else {
     const float inv = Ls > 0.f ? 1.f / Ls : 0.f;
 #pragma unroll
@@ -1208,7 +1150,6 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncthreads();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  float pm = 0.f, pl = 0.f;   // lane k: (m, l) of this warp's k-th column (publish_ml)
   for (int n = warp; n < NCOL; n += NW) {
     float M = m_sm[0][n];
 #pragma unroll
@@ -1228,12 +1169,6 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
     const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * gridDim.y + blockIdx.y) * NCOL + n;
     finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
                              qhead0, ws_o, ws_ml, lane);
-    if (lane == (n - warp) / NW) { pm = M; pl = Ls; }
-  }
-  if (part >= 0) {
-    const int n = warp + lane * NW;
-    publish_ml(ws_ml, (static_cast<size_t>(part) * gridDim.y + blockIdx.y) * NCOL + (n < NCOL ? n : 0), pm, pl,
-               n < NCOL);
   }
 }
 
@@ -1248,7 +1183,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
 template <int D, typename T, bool ROT, bool SPLIT>
 __global__ void __launch_bounds__(NCOL * 32)
 paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
-                       float* __restrict__ ws_ml, const int* __restrict__ red_items,
+                       const float* __restrict__ ws_ml, const int* __restrict__ red_items,
                        const int* __restrict__ query_start_loc, int num_kv_heads,
                        int num_q_heads, int hpc, int tpc) {
   constexpr int E = D / 32;
@@ -1264,9 +1199,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
-#ifndef KVLAB_DECODE_MERGE_FLAGS
   KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
-#endif
   // (m, l) of the parts spread over the lanes (one long serial chain per warp was the batch-1
   // bottleneck: ~2 L2 latencies per part); the o rows 4 parts at a time, loads in flight.
   auto slot_of = [&](int p) {
@@ -1281,12 +1214,8 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #pragma unroll
     for (int u = 0; u < PL; ++u) {
       const int p = b + 32 * u + lane;
-#ifdef KVLAB_DECODE_MERGE_FLAGS
-      const float2 v = p < nparts ? wait_ml(ws_ml + 2 * slot_of(p)) : make_float2(NEG_BIG, 0.f);
-#else
       const float2 v = p < nparts ? *reinterpret_cast<const float2*>(ws_ml + 2 * slot_of(p))
                                   : make_float2(NEG_BIG, 0.f);
-#endif
       mm[u] = v.x;
       ll[u] = v.y;
     }
@@ -1301,14 +1230,6 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
     Ls = Ls * exp2f(M - mn) + warp_sum(lb);
     M = mn;
   }
-#ifdef KVLAB_DECODE_MERGE_FLAGS
-  __syncwarp();   // every lane's acquires before any lane's o loads (a part's row is read by all lanes)
-  // every (m, l) word this CTA acquired goes back to ML_EMPTY for the next call, once no warp of
-  // it reads them any more (by lane, the parts of pass 1)
-  auto reset_ml = [&]() {
-    for (int p = lane; p < nparts; p += 32) reinterpret_cast<uint32_t*>(ws_ml)[2 * slot_of(p)] = ML_EMPTY;
-  };
-#endif
   // the o rows RU parts at a time: all their loads (the part's m and its row piece) are issued
   // before any is used, so a column costs ~nparts/RU dependent L2 round trips (batch 1 at 128k
   // has ~250 parts per column: with 4 in flight the merge took tens of µs)
@@ -1340,21 +1261,12 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
       for (int j = 0; j < E; ++j) x[j] += o[u][j] * f;
     }
   }
-#ifdef KVLAB_DECODE_MERGE_FLAGS
-  if constexpr (!SPLIT) {   // this warp alone read its column's words
-    __syncwarp();
-    reset_ml();
-  }
-#endif
   if constexpr (SPLIT) {   // sum the warps' runs; warp 0 finishes the column
     __shared__ float part_sm[NCOL][D];
 #pragma unroll
     for (int j = 0; j < E; ++j) part_sm[warp][lane * E + j] = x[j];
     __syncthreads();
     if (warp != 0) return;
-#ifdef KVLAB_DECODE_MERGE_FLAGS
-    reset_ml();   // every warp of the CTA read them (pass 1): after the barrier
-#endif
 #pragma unroll
     for (int j = 0; j < E; ++j) {
       float t = 0.f;
@@ -1373,9 +1285,6 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #pragma unroll
     for (int j = 0; j < E; ++j) orow[j] = from_float<T>(x[j]);
   }
-#ifdef KVLAB_DECODE_MERGE_FLAGS
-  KVLAB_PDL_WAIT();   // not done before the decode grid is (its unsplit items write out too)
-#endif
 }
 
 // ====================================================================================
@@ -1977,11 +1886,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
     finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
                              kvh * G + hg * hpc, ws_o, ws_ml, lane);
-  }
-  if (part >= 0) {   // lane n: column n's (m, l)
-    const int n = lane < NCOL ? lane : 0;
-    publish_ml(ws_ml, (static_cast<size_t>(part) * ny + cg) * NCOL + n, mo_sm[warp][n], lo_sm[warp][n],
-               lane < NCOL);
   }
 #ifdef KVLAB_DECODE_TIMELINE
   __syncthreads();

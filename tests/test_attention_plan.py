@@ -468,21 +468,3 @@ def test_item_meta_matches_the_kernel(window, hpc, bs):
         # the plan's lists start every item at a chunk boundary of its own range
         assert np.all(rows[rows[:, 8] >= 0, 8] == rows[rows[:, 8] >= 0, 2])
     assert A._item_meta(np.zeros((0, A.ITEM_HOST), np.int32), qsl, sl, bt, tpc, window, bs).shape == (0, A.ITEM)
-
-
-def test_host_and_kernel_constants_agree():
-    """The work-list row width, its prefetched blocks and the empty-slot word are written on both
-    sides (kvlab/cuda/attention.py, kernels_cu/paged_attention.cu): a change on one side only
-    would make the kernels read the rows at the wrong stride or spin on words never published."""
-    import re
-
-    from kvlab.cuda import attention as A
-    from kvlab.cuda.loader import read_source
-
-    src = read_source("paged_attention")
-    assert int(re.search(r"constexpr int ITEM = (\d+);", src).group(1)) == A.ITEM
-    assert int(re.search(r"constexpr int ITEM_PRE = (\d+);", src).group(1)) == A.ITEM_PRE
-    assert int(re.search(r"constexpr uint32_t ML_EMPTY = (0x[0-9a-fA-F]+)u;", src).group(1), 16) == A.ML_EMPTY
-    # a NaN (never a real softmax max) whose payload differs from the canonical NaN the GPU computes
-    f = np.array([A.ML_EMPTY], np.uint32).view(np.float32)[0]
-    assert np.isnan(f) and A.ML_EMPTY != 0x7FFFFFFF

@@ -452,7 +452,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
                                   "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
                                   "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
-                                  "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_NO_MERGE_FLAGS",
+                                  "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META",
                                   "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
@@ -467,9 +467,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time) and with session 14's
     -DKVLAB_DECODE_NO_PACKED_E2M1 (nvfp4 operands nibble pair by pair) together with
     -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted), and with session 17's
-    -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row) and
-    -DKVLAB_DECODE_NO_MERGE_FLAGS (the merge waits for the decode grid before its reads), built
-    together with -DKVLAB_DECODE_NO_PDL; the int4 and nvfp4
+    -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row, built
+    together with -DKVLAB_DECODE_NO_PDL); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
@@ -487,8 +486,7 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",
                                   "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE_NVFP4",
-                                  "-DKVLAB_DECODE_PACKED_E2M1 -DKVLAB_DECODE_NO_PACKED_E2M1",
-                                  "-DKVLAB_DECODE_MERGE_FLAGS -DKVLAB_DECODE_NO_MERGE_FLAGS"])
+                                  "-DKVLAB_DECODE_PACKED_E2M1 -DKVLAB_DECODE_NO_PACKED_E2M1"])
 def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
     """KVLAB_DECODE_STAGE_NVFP4 (the default since session 9) extends the default stage body: an
     #error when it is named together with -DKVLAB_DECODE_NO_STAGE or its own NO_ switch, so that

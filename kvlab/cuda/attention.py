@@ -81,11 +81,6 @@ NCOL = 8        # query columns per CTA
 ITEM_HOST = 5   # ints per work item of the host lists: seq, tok0, kv_lo, kv_hi, part
 ITEM = 16       # ints per work item on the device: ITEM_HOST, then the row's metadata (_item_meta)
 ITEM_PRE = 4    # chunks whose cache block a device row carries (ITEM_PRE in paged_attention.cu)
-#: the m word of an empty split-partial slot (ML_EMPTY in paged_attention.cu: a NaN payload no
-#: arithmetic produces). The decode kernels publish (m, l) with a release store after the slot's o
-#: row; the merge spins on the m word while it is this, and writes it back after reading
-#: (KVLAB_DECODE_MERGE_FLAGS, session 17).
-ML_EMPTY = 0x7FBADBAD
 MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of 16 tokens
 
 DECODE_VARIANTS = ("auto", "per_head", "paged")
@@ -1005,9 +1000,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
             red_d = buf[o1:o2].reshape(-1, 4) if len(red) else None
             pf_d = buf[o2:].reshape(-1, 2) if len(pf_items) else None
             ws_o = cupy.empty((max(n_parts, 1) * ny * NCOL * d,), cupy.float32)
-            # every (m, l) slot starts empty: the merge spins on its m word until the decode
-            # kernel published it, and empties it again after reading (ML_EMPTY)
-            ws_ml = cupy.full((max(n_parts, 1) * ny * NCOL * 2,), ML_EMPTY, cupy.uint32).view(cupy.float32)
+            ws_ml = cupy.empty((max(n_parts, 1) * ny * NCOL * 2,), cupy.float32)
     return AttentionPlan(
         fmt_code=code, head_size=d, q_dtype=qd, num_tokens=T, num_q_heads=Hq, num_kv_heads=Hkv,
         block_size=bs, hpc=hpc, tpc=tpc, ny=ny, scale_log2=scale_log2,

@@ -507,48 +507,6 @@ def test_paged_item_rows_carry_the_first_blocks(rng, fmt):
     assert rel > 0.05, f"{fmt}: the rows' blocks were not used (rel L2 {rel:.2e} with every first block wrong)"
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["merge-warp-per-column", "merge-split"])
-def test_merge_flags_reset_and_repeat(rng, variant, split, monkeypatch):
-    """The split partials' (m, l) words (KVLAB_DECODE_MERGE_FLAGS, session 17): after a call,
-    every word the merge read is ML_EMPTY again (else the next call's merge would take the last
-    call's partials before the decode kernel rewrote them), and three calls in a row on the same
-    plan give bit-identical outputs that match float64."""
-    import cupy
-
-    from kvlab.cuda.attention import ML_EMPTY, plan_paged_attention
-    from kvlab.cuda.loader import compile_options
-
-    monkeypatch.setenv("KVLAB_DECODE_MERGE_SPLIT", "1" if split else "0")
-    case = build_case(rng, "int4_per_token_head", 2, 4, 128, 16, [1, 1, 2], [3000 + int(rng.integers(0, 50)), 900, 1700])
-    dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
-    plan = plan_paged_attention(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"],
-                                dev["query_start_loc"], case["kv_cache_dtype"], None, case["k_scale"],
-                                case["v_scale"], None, num_splits=6, decode_variant=variant)
-    assert plan.n_red > 0 and plan.red_split == split
-    outs = []
-    for _ in range(3):
-        out = dev["q"].clone()
-        out[...] = float("nan")
-        plan.run(dev["q"], dev["kv_cache"], dev["block_table"], dev["seq_lens"], dev["query_start_loc"], out=out)
-        outs.append(to_host(out).astype(np.float64))
-        _torch().cuda.synchronize()
-        if "-DKVLAB_DECODE_NO_MERGE_FLAGS" in compile_options():
-            continue
-        words = cupy.asnumpy(plan.ws_ml.view(cupy.uint32))[0::2]
-        red = cupy.asnumpy(plan.red_items)
-        qsl = case["query_start_loc"]
-        for seq, tok0, part0, nparts in red:
-            lq = int(qsl[seq + 1] - qsl[seq])
-            for y in range(plan.ny):
-                for n in range(8):   # the columns the merge reads: all (a warp each) or the valid ones
-                    if split and not (n < plan.tpc * plan.hpc and tok0 + n // plan.hpc < lq):
-                        continue
-                    slots = (np.arange(part0, part0 + nparts) * plan.ny + y) * 8 + n
-                    assert np.all(words[slots] == ML_EMPTY), (seq, y, n, words[slots])
-    assert np.array_equal(outs[0], outs[1]) and np.array_equal(outs[0], outs[2])
-    check_close(outs[0], run_ref(case), "bfloat16", f"merge flags split={split} {variant}")
-
-
 @pytest.mark.parametrize("pdl", ["default", "0"])
 def test_pdl_merge_launch(rng, variant, pdl, monkeypatch):
     """On sm_90 the split merge is a programmatic dependent launch (launch_dependent, spied) in
