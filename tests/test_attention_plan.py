@@ -468,3 +468,18 @@ def test_item_meta_matches_the_kernel(window, hpc, bs):
         # the plan's lists start every item at a chunk boundary of its own range
         assert np.all(rows[rows[:, 8] >= 0, 8] == rows[rows[:, 8] >= 0, 2])
     assert A._item_meta(np.zeros((0, A.ITEM_HOST), np.int32), qsl, sl, bt, tpc, window, bs).shape == (0, A.ITEM)
+
+
+def test_host_and_kernel_constants_agree():
+    """The work-list row width and its prefetched blocks are written on both sides
+    (kvlab/cuda/attention.py, kernels_cu/paged_attention.cu): a change on one side only would make
+    the kernels read the rows at the wrong stride or take blocks from the wrong columns."""
+    import re
+
+    from kvlab.cuda import attention as A
+    from kvlab.cuda.loader import read_source
+
+    src = read_source("paged_attention")
+    assert int(re.search(r"constexpr int ITEM = (\d+);", src).group(1)) == A.ITEM
+    assert int(re.search(r"constexpr int ITEM_PRE = (\d+);", src).group(1)) == A.ITEM_PRE
+    assert A.ITEM * 4 % 16 == 0 and A.ITEM >= 12 + A.ITEM_PRE   # 16-byte rows; blocks at 12 …
