@@ -1456,12 +1456,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   load_query_columns<D, T>(q, 0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, qw0);
 #endif
 #endif
-  if (tid == 0) {
-    for (int h = 0; h < NH; ++h)
-      for (int b = 0; b < nbuf; ++b) {
-        mbar_init(&full_bars[h][b], 1);
-        mbar_init(&empty_bars[h][b], nthr / NH);   // every thread of the ring's half
-      }
+  // each ring's barriers initialized by its own producer, the thread that arms them next (in the
+  // prologue, before the CTA's first barrier: another thread's initialization would race with it)
+  if (producer) {
+    for (int b = 0; b < nbuf; ++b) {
+      mbar_init(&full_bar[b], 1);
+      mbar_init(&empty_bar[b], nthr / NH);   // every thread of the ring's half
+    }
     mbar_init_fence();
   }
   KVLAB_TL_MARK(0);
