@@ -14,7 +14,10 @@ plan/run:
   — (query token, query head) pairs of one sequence sharing a KV head — and a
   range of KV positions. Long ranges are split (flash-decoding) so that a batch
   of one long sequence still fills the GPU; the splits are merged by a second
-  kernel.
+  kernel. On the device each item is one 64-byte row that also carries its
+  sequence's query offset, query length and KV length and the cache blocks of its
+  first chunks (``_item_meta``), so the paged decode kernel starts its copies after
+  one load.
 * Decode work items run on one of two kernels (``decode_variant``; the default ``"auto"``
   takes ``"paged"`` for int8/fp8 caches when decode sequences × KV heads ≥ the SM count and
   for nvfp4 at twice that — where it measured faster on the H200 — and ``"per_head"``
