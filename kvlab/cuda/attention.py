@@ -439,7 +439,8 @@ class AttentionPlan:
         """Launch on the caller's stream; returns ``out`` ``(num_tokens, num_q_heads, head_size)``.
 
         Checks that ``q``, ``kv_cache`` and ``out`` fit the plan (:meth:`check_run_args`); the
-        index arrays must be those the plan was built from (or equal to them)."""
+        index arrays must be those the plan was built from (or equal to them) — ``block_table``
+        included: the work-list rows carry the first cache blocks of each item (``_item_meta``)."""
         self.check_run_args(q, kv_cache, out)
         if out is None:
             out = L.empty(q, (self.num_tokens, self.num_q_heads, self.head_size), self.q_dtype)
