@@ -541,6 +541,15 @@ def _splits_for_waves(n_base: int, capacity: int, max_splits: int = 256) -> int:
     return best
 
 
+def _query_span(tok0, tpc, lq, L):
+    """KV positions of the first and last query token of work items whose columns hold the query
+    tokens ``tok0 … tok0 + tpc - 1`` (those below ``lq``) of sequences of query length ``lq`` and
+    KV length ``L`` (arrays): ``(pmin, pmax)``, as ``kv_tiles`` in paged_attention.cu sees them.
+    ``_work_list`` cuts the sequences' ranges with them, ``_item_meta`` each row's."""
+    last = np.minimum(tok0 + tpc, lq) - 1
+    return L - lq + tok0, L - lq + last
+
+
 def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None, min_split_tokens=MIN_SPLIT_TOKENS):
     """Host work list: items (seq, tok0, kv_lo, kv_hi, part) and reductions (seq, tok0, part0, nparts)."""
     qlen = np.diff(qsl)
@@ -551,9 +560,7 @@ def _work_list(qsl, sl, tpc, window, ny, capacity, num_splits=None, min_split_to
         return np.zeros((0, ITEM_HOST), np.int32), np.zeros((0, 4), np.int32), 0
     first = np.repeat(np.cumsum(ntok_tiles) - ntok_tiles, ntok_tiles)
     tok0 = (np.arange(seq.size) - first) * tpc
-    last = np.minimum(tok0 + tpc, qlen[seq]) - 1
-    base = sl[seq] - qlen[seq]
-    pmin, pmax = base + tok0, base + last
+    pmin, pmax = _query_span(tok0, tpc, qlen[seq], sl[seq])
     hi = pmax + 1
     lo = np.maximum(pmin - window + 1, 0) if window else np.zeros_like(hi)
     lo16 = lo & ~15
@@ -610,10 +617,9 @@ def _item_meta(items: np.ndarray, qsl: np.ndarray, sl: np.ndarray, bt: np.ndarra
     lq = qsl[seq + 1].astype(np.int64) - qs
     L = sl[seq].astype(np.int64)
     out[:, 5], out[:, 6], out[:, 7] = qs, lq, L
-    last = np.minimum(tok0 + tpc, lq) - 1          # the item's last query token (columns tok0 …)
-    valid = last >= tok0
-    pmin = L - lq + tok0
-    pmax = np.where(valid, L - lq + last, -1)
+    pmin, pmax = _query_span(tok0, tpc, lq, L)
+    valid = pmax >= pmin                            # a row with no query token sees nothing
+    pmax = np.where(valid, pmax, -1)
     lo = np.maximum(kv_lo, pmin - window + 1) if window > 0 else kv_lo
     hi = np.minimum(kv_hi, pmax + 1)
     lo16 = lo & ~15
