@@ -70,5 +70,14 @@ __device__ __forceinline__ void bulk_copy_g2s(void* dst, const void* src, uint32
       : "memory");
 }
 
+// Named barrier id (1 … 15; 0 is __syncthreads) over n threads, a multiple of 32: bar.sync waits
+// for all n, bar.arrive counts this warp without waiting.
+__device__ __forceinline__ void named_bar_sync(int id, int n) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int n) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(n) : "memory");
+}
+
 }  // namespace kvlab
 #endif

@@ -1313,8 +1313,8 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #include "bulk_copy.cuh"
 
 namespace {
-constexpr int PG_MAXW = 8;    // column groups (warps) per CTA at most
-constexpr int PG_MAXBUF = 4;  // stage buffers at most
+constexpr int PG_MAXW = 8;    // column groups per CTA at most
+constexpr int PG_MAXBUF = 4;  // stage buffers at most (per ring)
 }
 
 // KVLAB_DECODE_TIMELINE (measurement only; scripts/decode_cta_timeline.py): thread 0 of every
@@ -1324,8 +1324,9 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most
 // count, and clock64 at four points inside the prologue (after the early copies, after the
 // query staging, after the Q operand, before the barrier) — and, in the serial-columns build
 // (-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS), at the start of each query column (words 16 … 23) —
-// to kvlab_decode_timeline[blockIdx.x · 24 + …]. Outputs stay correct; the default build has none
-// of it.
+// to kvlab_decode_timeline[blockIdx.x · 24 + …] — and, in the dual-ring CTA (NH = 2), the
+// globaltimer at the end of half 1's loop (word 23; half 0's is mark 3). Outputs stay correct; the
+// default build has none of it.
 #if defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) && defined(KVLAB_DECODE_LATE_QUERY_LOADS)
 #error "KVLAB_DECODE_LATE_QUERY_LOADS moves the loads of the joint query staging, which KVLAB_DECODE_SERIAL_QUERY_COLUMNS replaces: name one"
 #endif
@@ -1369,8 +1370,15 @@ struct PagedTile {
   static constexpr int CPT = TT / 16;                       // 16-token chunks per stage
 };
 
-template <int FMT, int D, typename T>
-__global__ void __launch_bounds__(PG_MAXW * 32, (D > 128 ? 1 : 2))
+// NH = 2, the dual-ring CTA (d ≤ 128; the plan's KVLAB_DECODE_PAGED_DUAL, docs/perf-notes.md
+// "Session 17"): one CTA per SM with 2·ny warps in two halves, each half a whole paged decode of
+// its own — its ring of nbuf stages, its barriers, its producer thread (lane 0 of its first
+// warp) — over its half of the item's chunks (the first ceil(nch / 2) rounded up to whole
+// stages, and the rest); the epilogue merges the two halves' softmax states per column group.
+// The halves run out of phase as two CTAs of an SM do, but they start together and are placed
+// together, so the work list does not guess which of two CTAs the warp schedulers favour.
+template <int FMT, int D, typename T, int NH = 1>
+__global__ void __launch_bounds__(PG_MAXW * 32 * NH, (D > 128 || NH > 1 ? 1 : 2))
 paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                              const uint8_t* __restrict__ cache, const int* __restrict__ block_table,
                              int bt_stride, const int* __restrict__ seq_lens,
@@ -1385,6 +1393,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   using Raw = HeadRaw<FMT, D>;
   using Off = HeadOffsets<FMT, D>;
   static_assert(D == 64 || D == 128 || D == 256, "head sizes 64, 128, 256");
+  static_assert(NH == 1 || (NH == 2 && D <= 128), "the dual-ring CTA (NH = 2): head sizes 64, 128");
   constexpr int E = D / 32;
   constexpr int KC = D / 16;
   constexpr int ROW = PT::ROW, TT = PT::TT, CPT = PT::CPT;
@@ -1394,14 +1403,20 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   constexpr int DROW = (FMT == NVFP4) ? D / 2 : ROW;
 
   extern __shared__ __align__(16) uint8_t dsm[];
-  __shared__ float qsum_sm[PG_MAXW][NCOL], qoff_sm[PG_MAXW][NCOL], cscale_sm[PG_MAXW][NCOL];
-  __shared__ float mo_sm[PG_MAXW][NCOL], lo_sm[PG_MAXW][NCOL];
-  __shared__ int qpos_sm[PG_MAXW][NCOL];
-  __shared__ __align__(8) uint64_t full_bar[PG_MAXBUF], empty_bar[PG_MAXBUF];
+  __shared__ float qsum_sm[PG_MAXW * NH][NCOL], qoff_sm[PG_MAXW * NH][NCOL], cscale_sm[PG_MAXW * NH][NCOL];
+  __shared__ float mo_sm[PG_MAXW * NH][NCOL], lo_sm[PG_MAXW * NH][NCOL];
+  __shared__ int qpos_sm[PG_MAXW * NH][NCOL];
+  __shared__ __align__(8) uint64_t full_bars[NH][PG_MAXBUF], empty_bars[NH][PG_MAXBUF];
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int nthr = blockDim.x, ny = nthr >> 5;
+  const int nthr = blockDim.x, ny = (nthr >> 5) / NH;
   const int g = lane >> 2, c = lane & 3;
+  // this warp's half (NH = 2) and column group; the half's ring barriers and producer thread
+  const int half = NH == 1 ? 0 : warp / ny;
+  const int cg = warp - half * ny;
+  uint64_t* const full_bar = full_bars[half];
+  uint64_t* const empty_bar = empty_bars[half];
+  const bool producer = tid == half * ny * 32;
   const int* it = items + ITEM * blockIdx.x;
 #ifndef KVLAB_DECODE_NO_ITEM_META
   // The item's row carries the sequence's metadata and its first chunks' blocks (ITEM): the
@@ -1430,7 +1445,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int H = num_kv_heads;
   const int G = num_q_heads / H;
   const int nhg = G / hpc;
-  const int cg = warp;
   const int kvh = cg / nhg, hg = cg % nhg;
   const int BS = 1 << bs_log2;
 
@@ -1442,10 +1456,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   load_query_columns<D, T>(q, 0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, qw0);
 #endif
 #endif
-  if (tid == 0) {
+  // each ring's barriers initialized by its own producer, the thread that arms them next (in the
+  // prologue, before the CTA's first barrier: another thread's initialization would race with it)
+  if (producer) {
     for (int b = 0; b < nbuf; ++b) {
       mbar_init(&full_bar[b], 1);
-      mbar_init(&empty_bar[b], nthr);
+      mbar_init(&empty_bar[b], nthr / NH);   // every thread of the ring's half
     }
     mbar_init_fence();
   }
@@ -1462,13 +1478,23 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     qp[n] = (n < tpc * hpc && tok < Lq) ? L - Lq + tok : -1;
   }
   int pmin, pmax, lo16;
-  const int nch = kv_tiles(qp, kv_lo, kv_hi, window, pmin, pmax, lo16);   // 16-token chunks
+  int nch = kv_tiles(qp, kv_lo, kv_hi, window, pmin, pmax, lo16);   // 16-token chunks
+  if constexpr (NH == 2) {   // this half's chunks: the first ceil(nch / 2) in whole stages, the rest
+    const int c0 = min(nch, (nch + 2 * CPT - 1) / (2 * CPT) * CPT);
+    if (half == 0) {
+      nch = c0;
+    } else {
+      lo16 += 16 * c0;
+      nch -= c0;
+    }
+  }
   const int nst = (nch + CPT - 1) / CPT;                    // stages
 
   const size_t side_stride = static_cast<size_t>(BS) * H * ROW;          // one (block, side) slab
   const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
   const int side_sm = TT * H * ROW;                                      // one side of a stage
   const int stage_sm = 2 * side_sm;
+  uint8_t* const ring = dsm + (NH == 1 ? 0 : half * nbuf * stage_sm);   // this half's stage buffers
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
 #ifndef KVLAB_DECODE_NO_ITEM_META
   // the blocks of the item's first ITEM_PRE chunks, valid if the plan's chunk start is this one
@@ -1480,7 +1506,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // PRE: a stage before the main loop (its first chunks' blocks may come from the item).
   auto issue = [&](int st, int b, auto pre_tag) {   // b = st % nbuf
     constexpr bool PRE = decltype(pre_tag)::value;
-    uint8_t* sbuf = dsm + b * stage_sm;
+    uint8_t* sbuf = ring + b * stage_sm;
     const int nc = min(CPT, nch - st * CPT);
     constexpr uint32_t CH_BYTES = 16u * ((FMT == NVFP4) ? (D / 2 + S) : ROW);   // per head, side
     mbar_arrive_expect_tx(&full_bar[b], 2u * nc * CH_BYTES * H);
@@ -1519,11 +1545,11 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #else
   const int q_off = max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
   const int q_buf = q_off / stage_sm;   // the first buffer the q staging overlaps
-  if (tid == 0)
+  if (producer)
     for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st, MaskTag<true>{});
 #endif
   KVLAB_TL_CLOCK(12);
-  uint16_t* q_sm = reinterpret_cast<uint16_t*>(dsm + q_off) + static_cast<size_t>(warp) * NCOL * D;
+  uint16_t* q_sm = reinterpret_cast<uint16_t*>(ring + q_off) + static_cast<size_t>(cg) * NCOL * D;
 #ifdef KVLAB_DECODE_SERIAL_QUERY_COLUMNS
   // the session-10 prologue: one column after the other, 32 lanes each (the timeline build
   // marks the start of each column: words 16 … 23)
@@ -1580,7 +1606,16 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // from buffer q_buf on overwrite the q staging through the async proxy.
   fence_proxy_async_smem();
   KVLAB_TL_CLOCK(15);
-  __syncthreads();
+#ifndef KVLAB_DECODE_DUAL_CTA_BARRIER
+  // the dual-ring CTA: each half waits for its own warps only (named barrier 1 + half), so a half
+  // whose queries are staged starts its loop without waiting for the other's (the q staging, the
+  // barriers and the ring of a half are its own). -DKVLAB_DECODE_DUAL_CTA_BARRIER: the CTA-wide
+  // barrier of session 17's form, for A/B.
+  if constexpr (NH == 2)
+    named_bar_sync(1 + half, ny * 32);
+  else
+#endif
+    __syncthreads();
   KVLAB_TL_MARK(1);
   KVLAB_TL_INFO(nst);
 
@@ -1681,13 +1716,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   constexpr bool STAGE_NVFP4 = false;
 #endif
   constexpr bool STAGE_BODY = STAGE_INT4 || STAGE_NVFP4;
-  const uint8_t* lk = dsm + of.kg;    // K words of token kt (+ 16·i: word c + 4i)
-  const uint8_t* lv = dsm + of.v[0];  // V words of token t4[0] (+ 32·k: word g + 8k)
-  const uint8_t* lp = dsm + pk0;      // K parameter word of token t4[0]
+  const uint8_t* lk = ring + of.kg;    // K words of token kt (+ 16·i: word c + 4i)
+  const uint8_t* lv = ring + of.v[0];  // V words of token t4[0] (+ 32·k: word g + 8k)
+  const uint8_t* lp = ring + pk0;      // K parameter word of token t4[0]
   const int nq = -__float_as_int(qsum);   // −Σ q̂ (ImmaQK: qsum holds the int bits)
 #ifdef KVLAB_DECODE_STAGE_NVFP4
   // nvfp4: this lane's K scale row of token kt (+ 8·H·S: token kt + 8) in buffer 0
-  const uint8_t* ls = dsm + ((FMT == NVFP4) ? of.skg : 0u);
+  const uint8_t* ls = ring + ((FMT == NVFP4) ? of.skg : 0u);
 #endif
   // HC: the head count as a compile-time constant (8, the target shape: every step an LDS
   // immediate) or 0 (run time: ptxas re-derives the steps from the kernel parameter)
@@ -1738,14 +1773,14 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #pragma unroll
     for (int i = 0; i < NGV; ++i)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) r.sv[k][i] = static_cast<uint32_t>(dsm[os + of.sv[k][i]]);
+      for (int k = 0; k < 4; ++k) r.sv[k][i] = static_cast<uint32_t>(ring[os + of.sv[k][i]]);
   };
 #endif
   uint32_t boff = 0u;   // b · stage_sm
 #endif
 
   // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
-  if (tid == 0)
+  if (producer)
     for (int st = q_buf; st < min(nbuf, nst); ++st) issue(st, st, MaskTag<true>{});
   int b = 0;          // st % nbuf
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
@@ -1766,7 +1801,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #ifdef KVLAB_DECODE_TIMELINE
     if (st == 0) KVLAB_TL_MARK(2);
 #endif
-    const uint8_t* sbuf = dsm + b * stage_sm;
+    const uint8_t* sbuf = ring + b * stage_sm;
     if (PROBE_MATH) {
 #ifdef KVLAB_DECODE_STAGE
     if constexpr (STAGE_BODY) {
@@ -1851,7 +1886,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     }
     }   // PROBE_MATH
     mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
-    if (PROBE_DATA && tid == 0 && st + nbuf < nst) {
+    if (PROBE_DATA && producer && st + nbuf < nst) {
       mbar_wait(&empty_bar[b], ph);
       issue(st + nbuf, b, MaskTag<false>{});
     }
@@ -1863,6 +1898,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
 
   KVLAB_TL_MARK(3);
+#ifdef KVLAB_DECODE_TIMELINE
+  if (NH == 2 && half == 1 && producer && blockIdx.x < TL_MAX_CTAS) {   // half 1's loop end (word 23)
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    kvlab_decode_timeline[blockIdx.x * TL_WORDS + 23] = t;
+  }
+#endif
   KVLAB_PDL_LAUNCH_DEPENDENTS();   // the merge may launch now (it waits for this grid before its reads)
   // ---- epilogue: one warp per column group, no merge across warps
   l += __shfl_xor_sync(0xffffffffu, l, 1);
@@ -1878,14 +1920,36 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncwarp();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  for (int n = 0; n < NCOL; ++n) {
-    const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
-    float x[E];
+  if constexpr (NH == 1) {
+    for (int n = 0; n < NCOL; ++n) {
+      const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
+      float x[E];
 #pragma unroll
-    for (int j = 0; j < E; ++j) x[j] = ow[n * D + lane * E + j] * vfac;
-    const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
-    finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
-                             kvh * G + hg * hpc, ws_o, ws_ml, lane);
+      for (int j = 0; j < E; ++j) x[j] = ow[n * D + lane * E + j] * vfac;
+      const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
+      finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
+                               kvh * G + hg * hpc, ws_o, ws_ml, lane);
+    }
+  } else {
+    // the two halves of column group cg (warps cg, cg + ny) hold the softmax states of disjoint
+    // chunks: merged here as the split merge does (log2 domain; an empty half has m = NEG_BIG,
+    // l = 0), half 0 first; the columns shared over the two warps
+    __syncthreads();
+    const float* oa = reinterpret_cast<const float*>(dsm) + static_cast<size_t>(cg) * NCOL * D;
+    const float* ob = oa + static_cast<size_t>(ny) * NCOL * D;
+    for (int n = half; n < NCOL; n += NH) {
+      const float ma = mo_sm[cg][n], mb = mo_sm[cg + ny][n];
+      const float M = fmaxf(ma, mb);
+      const float fa = exp2f(ma - M), fb = exp2f(mb - M);
+      const float Ls = lo_sm[cg][n] * fa + lo_sm[cg + ny][n] * fb;
+      float x[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j)
+        x[j] = fmaf(oa[n * D + lane * E + j], fa, ob[n * D + lane * E + j] * fb) * vfac;
+      const size_t slot = (static_cast<size_t>(part < 0 ? 0 : part) * ny + cg) * NCOL + n;
+      finish_column<FMT, D, T>(x, M, Ls, part, slot, out, n, tok0, hpc, tpc, qs, Lq, num_q_heads,
+                               kvh * G + hg * hpc, ws_o, ws_ml, lane);
+    }
   }
 #ifdef KVLAB_DECODE_TIMELINE
   __syncthreads();

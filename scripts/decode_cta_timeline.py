@@ -123,6 +123,12 @@ def main() -> int:
                 pro_col0_cyc=float(np.median(a[:, 17] - a[:, 16])) if np.all(a[:, 16:24] > 0) else 0.0,
                 pro_col1_7_cyc=float(np.median(np.diff(np.concatenate([a[:, 17:24], a[:, 13:14]], axis=1),
                                                        axis=1))) if np.all(a[:, 16:24] > 0) else 0.0,
+                # dual-ring CTA (NH = 2) only: half 1's loop end − half 0's (word 23 − mark 3), median
+                # and the largest gap either way (0 without such marks)
+                halves_gap_med_us=(us(np.median(a[:, 23] - t[:, 3])) if np.all(a[:, 23] > 0)
+                                   and not np.all(a[:, 16:23] > 0) else 0.0),
+                halves_gap_absmax_us=(us(np.abs(a[:, 23] - t[:, 3]).max()) if np.all(a[:, 23] > 0)
+                                      and not np.all(a[:, 16:23] > 0) else 0.0),
                 stages_med=float(np.median(nst)), ctas=n, sms=int(len(np.unique(a[:, 10]))),
             ))
             raw.setdefault(case, []).append(a.tolist())
@@ -140,7 +146,8 @@ def main() -> int:
             ("pro_issue_cyc", "pro: copies cyc"), ("pro_stage_cyc", "pro: q staging cyc"),
             ("pro_qop_cyc", "pro: Q operand cyc"), ("pro_rest_cyc", "pro: rest cyc"),
             ("pro_barrier_cyc", "pro: barrier cyc"), ("pro_col0_cyc", "pro: column 0 cyc"),
-            ("pro_col1_7_cyc", "pro: columns 1-7 cyc each")]
+            ("pro_col1_7_cyc", "pro: columns 1-7 cyc each"), ("halves_gap_med_us", "half 1 − half 0 end"),
+            ("halves_gap_absmax_us", "|halves gap| max")]
     lines = ["| " + " | ".join(h for _, h in cols) + " |", "|" + "---|" * len(cols)]
     for r in rows:
         lines.append("| " + " | ".join(str(r[k]) if isinstance(r[k], str) else

@@ -73,8 +73,10 @@ def main() -> int:
                 bt[0, : -(-T // bs)] = np.arange(-(-T // bs))
                 qsl = np.concatenate([[0], np.cumsum(qlens)]).astype(np.int32)
                 q = t(rng.standard_normal((int(qsl[-1]), H * 4, d)), torch.bfloat16)
-                for variant in ("per_head", "paged"):          # both decode kernels
+                # both decode kernels, the paged one in both CTA forms (two per SM, dual ring)
+                for variant, dual in (("per_head", "0"), ("paged", "0"), ("paged", "1")):
                     os.environ["KVLAB_DECODE_VARIANT"] = variant
+                    os.environ["KVLAB_DECODE_PAGED_DUAL"] = dual
                     for pv in PREFILL_VARIANTS:                  # both prefill kernels (wgmma on sm_90)
                         os.environ["KVLAB_PREFILL_VARIANT"] = pv
                         for window in (None, 5):
@@ -88,11 +90,13 @@ def main() -> int:
                 kv = t(rng.standard_normal((L, H, d)), torch.bfloat16)
                 kvlab.reshape_and_cache(kv, kv, cache2, t(np.arange(L, dtype=np.int64)), fmt)
                 qd = t(rng.standard_normal((2, H * 3, d)), torch.bfloat16)
-                for variant in ("per_head", "paged"):
+                for variant, dual in (("per_head", "0"), ("paged", "0"), ("paged", "1")):
                     os.environ["KVLAB_DECODE_VARIANT"] = variant
+                    os.environ["KVLAB_DECODE_PAGED_DUAL"] = dual
                     kvlab.paged_attention(qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
                                           t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
                 os.environ.pop("KVLAB_DECODE_VARIANT")
+                os.environ.pop("KVLAB_DECODE_PAGED_DUAL")
     torch.cuda.synchronize()
     step("ring probe (measurement tool)")
     from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, stream

@@ -88,6 +88,48 @@ def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
         assert "two stages" in note
 
 
+@pytest.mark.parametrize("code, d, h, expect, fit", [
+    (3, 128, 8, 2, 3),   # int4: two rings of 34,816 B stages; 3 per ring fit in 223 KB (one CTA per SM), big: 2
+    (4, 128, 8, 2, 3),   # nvfp4: 36,864 B stages, 2 × 3 fit (221,184 B)
+    (1, 128, 8, 2, 3),   # int8: 33,792 B stages
+    (3, 64, 3, 4, 4),    # the shipped model's shape: 6,912 B stages, the 4-stage cap
+])
+def test_paged_dual_stage_count(h200, monkeypatch, code, d, h, expect, fit):
+    """The dual-ring CTA (nh = 2, one per SM): two rings of the usual stages, sized for the whole SM."""
+    A = h200
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF", raising=False)
+    nbuf, note = A._paged_buffers(code, d, h, h, 0, 2)
+    assert nbuf == expect, note
+    assert A.paged_smem_bytes(code, d, h, h, nbuf, 2) == max(2 * nbuf * A.paged_stage_bytes(code, d, h), 2 * h * 8 * d * 4)
+    assert A.paged_smem_bytes(code, d, h, h, nbuf, 2) <= 227 * 1024 - 4096
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
+    assert A._paged_buffers(code, d, h, h, 0, 2)[0] == fit
+    assert A.paged_smem_bytes(code, d, h, h, fit, 2) <= 227 * 1024 - 4096
+
+
+def test_paged_halves_env(monkeypatch):
+    """KVLAB_DECODE_PAGED_DUAL picks the dual-ring CTA where it is built (quantized formats, d <= 128)."""
+    from kvlab.cuda import attention as A
+
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
+    assert [A._paged_halves(c, 128) for c in range(5)] == [2 if c in A.PG_DUAL_DEFAULT_CODES and c in A.PG_DUAL_CODES
+                                                            else 1 for c in range(5)]
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1")
+    assert [A._paged_halves(c, 128) for c in (0, 1, 2, 3, 4)] == [1, 2, 2, 2, 2]
+    assert A._paged_halves(3, 64) == 2 and A._paged_halves(3, 256) == 1
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "0")
+    assert A._paged_halves(3, 128) == 1
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "yes")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_PAGED_DUAL"):
+        A._paged_halves(3, 128)
+    # every (format, head size) the plan can give nh = 2 has its instantiation
+    names = {s.name_expression() for s in A.SPECS}
+    for code in A.PG_DUAL_CODES:
+        for d in A.PG_DUAL_HEAD_SIZES:
+            for t in A.Q_DTYPES:
+                assert A._paged_spec(code, d, t, 2).name_expression() in names
+
+
 def test_paged_stage_cap_env(h200, monkeypatch):
     A = h200
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "2")

@@ -452,7 +452,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
                                   "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
                                   "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
-                                  "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META",
+                                  "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                                   "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
@@ -468,8 +468,10 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_NO_PACKED_E2M1 (nvfp4 operands nibble pair by pair) together with
     -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted), and with session 17's
     -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row, built
-    together with -DKVLAB_DECODE_NO_PDL); the int4 and nvfp4
-    paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM)."""
+    together with -DKVLAB_DECODE_NO_PDL and session 18's -DKVLAB_DECODE_DUAL_CTA_BARRIER, the
+    dual-ring CTA's prologue behind one CTA-wide barrier instead of one per half); the int4 and nvfp4
+    paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM), and so do the
+    dual-ring CTAs of every quantized format (one CTA of 16 warps per SM, session 17)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
     assert len(reports) == len(loader.FAMILIES["paged_attention"])
@@ -482,6 +484,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
             for d in (64, 128):
                 for fmt in (3, 4):
                     assert regs[f"paged_attention_decode_paged<{fmt}, {d}, {t}>"] <= 128
+                for fmt in (1, 2, 3, 4):   # the dual-ring CTA: 16 warps, one CTA per SM
+                    assert regs[f"paged_attention_decode_paged<{fmt}, {d}, {t}, 2>"] <= 128
 
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",

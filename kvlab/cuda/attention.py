@@ -97,6 +97,13 @@ PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_atte
 PG_BIG_STAGE = 32 * 1024    # stages this big (all formats at d = 128 with 8 KV heads) …
 PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffers)
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
+PG_DUAL_CODES = (1, 2, 3, 4)        # formats with a dual-ring paged-decode CTA (auto: two rings do not fit at d = 128)
+PG_DUAL_HEAD_SIZES = (64, 128)      # … and head sizes (NH = 2 needs 2·ny warps of ≤ 128 registers)
+# KVLAB_DECODE_PAGED_DUAL unset: the formats that get the dual-ring CTA (_paged_halves). int8: −5 %
+# at B = 32 × 8k, 64 × 4k and batch 1 × 128k on the H200 (session 17, call 5, docs/perf-notes.md);
+# int4 −1 % at B = 32 but +4.7 % at batch 1, nvfp4 / fp8 slower: two CTAs per SM for them.
+# PROPOSED for session 18: the GPU tests of the barrier-init fix have not run yet.
+PG_DUAL_DEFAULT_CODES = (1,)
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
@@ -114,6 +121,9 @@ SPECS = register(FAMILY, [
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t))
       for code in FORMAT_CODES.values() for d in HEAD_SIZES for t in Q_DTYPES],
+    # the dual-ring CTA (NH = 2, one per SM; _paged_halves): quantized formats, d <= 128
+    *[KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t, 2))
+      for code in PG_DUAL_CODES for d in PG_DUAL_HEAD_SIZES for t in Q_DTYPES],
     *[KernelSpec(FAMILY, "paged_attention_reduce", (d, t, rot, split))
       for d in HEAD_SIZES for t in Q_DTYPES for rot in (False, True) for split in (False, True)],
 ])
@@ -133,8 +143,9 @@ def _decode_spec(code, d, t):
     return KernelSpec(FAMILY, "paged_attention_decode", (code, d, t))
 
 
-def _paged_spec(code, d, t):
-    return KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t))
+def _paged_spec(code, d, t, nh=1):
+    """The paged decode kernel; ``nh = 2``: its dual-ring CTA (``NH`` in the .cu)."""
+    return KernelSpec(FAMILY, "paged_attention_decode_paged", (code, d, t) if nh == 1 else (code, d, t, nh))
 
 
 def paged_row_bytes(code: int, d: int) -> int:
@@ -149,17 +160,32 @@ def paged_stage_bytes(code: int, d: int, num_kv_heads: int) -> int:
     return 2 * (32 if row <= 80 else 16) * num_kv_heads * row
 
 
-def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int, nbuf: int) -> int:
-    """Dynamic shared memory of ``paged_attention_decode_paged`` with ``nbuf`` stage buffers;
-    the same buffer holds the q staging (``ny · 8 · d · 2``) before the loop and the output
-    rows (``ny · 8 · d · 4``) after it."""
-    return max(nbuf * paged_stage_bytes(code, d, num_kv_heads), ny * NCOL * d * 4)
+def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int, nbuf: int, nh: int = 1) -> int:
+    """Dynamic shared memory of ``paged_attention_decode_paged`` with ``nh`` rings (2: the
+    dual-ring CTA) of ``nbuf`` stage buffers; each ring holds its half's q staging
+    (``ny · 8 · d · 2``) at its end before the loop, and the output rows of all ``nh · ny``
+    warps (``nh · ny · 8 · d · 4``) come after it, from the start."""
+    return max(nh * nbuf * paged_stage_bytes(code, d, num_kv_heads), nh * ny * NCOL * d * 4)
 
 
-def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> tuple[int, str]:
+def _paged_halves(code: int, d: int) -> int:
+    """Halves of the paged decode kernel's CTA: 2 (the dual-ring CTA, one per SM, two halves of
+    ``ny`` warps that each decode half of the item's chunks from a ring of their own, ``NH = 2``
+    in paged_attention.cu) or 1 (two CTAs per SM). ``KVLAB_DECODE_PAGED_DUAL`` = ``1`` / ``0``
+    picks for every format; unset, the formats of ``PG_DUAL_DEFAULT_CODES``. Formats and head
+    sizes without a dual-ring instantiation (auto, d = 256) always get 1. Read when a plan is built."""
+    env = os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip()
+    if env not in ("", "0", "1"):
+        raise ValueError(f"KVLAB_DECODE_PAGED_DUAL: expected 0 or 1, got {env!r}")
+    dual = code in PG_DUAL_DEFAULT_CODES if env == "" else env == "1"
+    return 2 if dual and code in PG_DUAL_CODES and d in PG_DUAL_HEAD_SIZES else 1
+
+
+def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh: int = 1) -> tuple[int, str]:
     """Stage buffers for the paged decode kernel on this device (0 and the reason if it cannot run).
 
-    As many stages (≤ ``PG_MAXBUF``) as fit while two CTAs share an SM (one at d = 256, the
+    ``nh = 2`` (the dual-ring CTA) sizes two rings of them for one CTA per SM. Otherwise as many stages
+    (≤ ``PG_MAXBUF``) as fit while two CTAs share an SM (one at d = 256, the
     kernel's launch bound), else one CTA per SM; at least two (one stage decoded while the
     next ones are copied). Stages of ``PG_BIG_STAGE`` bytes or more are capped at two: measured
     on the H200 (docs/perf-notes.md "Session 10"), a deeper ring of big stages moves the cache
@@ -180,10 +206,10 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id) -> 
         if not cap.isdigit() or not 2 <= int(cap) <= PG_MAXBUF:
             raise ValueError(f"KVLAB_DECODE_PAGED_NBUF: 2 … {PG_MAXBUF}, got {cap!r}")
     cap = int(cap) if cap else (PG_BIG_STAGE_NBUF if stage >= PG_BIG_STAGE else PG_MAXBUF)
-    for ctas in ((2, 1) if d <= 128 else (1,)):
+    for ctas in ((2, 1) if d <= 128 and nh == 1 else (1,)):
         per_cta = min(smem_sm // ctas, _smem_optin(device_id)) - 4 * 1024  # static + reserved
-        nbuf = min(PG_MAXBUF, per_cta // stage, cap)
-        if nbuf >= 2 and paged_smem_bytes(code, d, num_kv_heads, ny, nbuf) <= per_cta:
+        nbuf = min(PG_MAXBUF, per_cta // (nh * stage), cap)
+        if nbuf >= 2 and paged_smem_bytes(code, d, num_kv_heads, ny, nbuf, nh) <= per_cta:
             return nbuf, ""
     return 0, (f"paged decode needs two stages of {stage} B of shared memory per CTA, "
                f"the device allows {per_cta}")
@@ -407,6 +433,7 @@ class AttentionPlan:
     decode_variant_note: str = ""                  # why a requested "paged" fell back
     paged_smem: int = 0                            # dynamic shared memory of the paged kernel
     paged_nbuf: int = 0                            # its stage buffers
+    paged_halves: int = 1                          # its CTA's halves (2: the dual-ring CTA, _paged_halves)
     wave_weight: float = 1.0                       # first-wave split weight applied (_wave_weighted; 1: none)
     slot_fill: bool = False                        # the work list re-drawn by _slot_filled (when it pays)
     prefill_variant: str = "mma"                   # the prefill kernel it launches: "mma" or "wgmma"
@@ -465,10 +492,10 @@ class AttentionPlan:
             if self.n_items == 0:
                 return out
             if self.decode_variant == "paged":
-                spec = _paged_spec(self.fmt_code, d, t)
+                spec = _paged_spec(self.fmt_code, d, t, self.paged_halves)
                 k = get_kernel(spec, self.device_id)
                 _raise_dynamic_smem(k, spec, self.device_id, self.paged_smem)
-                grid, block, smem = (self.n_items, 1), (self.ny * 32,), self.paged_smem
+                grid, block, smem = (self.n_items, 1), (self.paged_halves * self.ny * 32,), self.paged_smem
                 extra = (L.i32(self.paged_nbuf),)
             else:
                 k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
@@ -963,19 +990,23 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qlen_dec = qlen.copy()
     qlen_dec[pf_seq] = 0  # those sequences' queries are all on the prefill kernel
 
-    variant, note, paged_smem, nbuf = "per_head", "", 0, 0
+    variant, note, paged_smem, nbuf, nh = "per_head", "", 0, 0, 1
     want_paged = decode_variant == "paged"
     if decode_variant == "auto" and fmt.name in AUTO_PAGED_MIN_SM_FRACTION:
         work = int(np.count_nonzero(qlen_dec)) * Hkv
         want_paged = work >= AUTO_PAGED_MIN_SM_FRACTION[fmt.name] * _device_props(dev)[0]
     if want_paged:
-        nbuf, note = _paged_buffers(code, d, Hkv, ny, dev)
+        nh = _paged_halves(code, d)
+        nbuf, note = _paged_buffers(code, d, Hkv, ny, dev, nh)
+        if not nbuf and nh == 2:   # two rings do not fit: two CTAs per SM
+            nh = 1
+            nbuf, note = _paged_buffers(code, d, Hkv, ny, dev)
         if nbuf:
-            variant, paged_smem = "paged", paged_smem_bytes(code, d, Hkv, ny, nbuf)
+            variant, paged_smem = "paged", paged_smem_bytes(code, d, Hkv, ny, nbuf, nh)
         else:
             note += "; using per_head"
     if variant == "paged":
-        capacity = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, paged_smem)
+        capacity = _resident_paged_ctas(_paged_spec(code, d, qd, nh), dev, ny * nh, paged_smem)
         ny_split, min_split = 1, PG_MIN_SPLIT_TOKENS
     else:
         capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
@@ -986,7 +1017,9 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
                                      min_split)
     wave_weight, slot_fill = 1.0, False
     if variant == "paged" and num_splits is None:
-        w, n_sm, mode = _wave_weight(), _device_props(dev)[0], _slot_fill()
+        # the dual-ring CTA has no partner on its SM: nothing to weigh (_wave_weighted needs two
+        # CTAs per SM anyway; the fill's balance model then counts every slot alike)
+        w, n_sm, mode = (_wave_weight() if nh == 1 else 1.0), _device_props(dev)[0], _slot_fill()
         weighted = _wave_weighted(items, n_sm, capacity, w)
         try_fill = mode == "2" or (mode == "1" and _fill_may_pay(weighted, n_sm, capacity, w))
         filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16, _fill_slack())
@@ -1021,6 +1054,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         red_split=reduce_split(len(red), ny, _device_props(dev)[0]),
         pdl_merge=bool(len(red)) and pdl_merge(dev),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
+        paged_halves=nh if variant == "paged" else 1,
         wave_weight=wave_weight, slot_fill=slot_fill,
         prefill_variant=pf_variant,
     )

@@ -50,13 +50,18 @@ FORMATS = ("auto", "int8_per_token_head", "fp8_per_token_head", "int4_per_token_
 
 REL_L2 = {"bfloat16": 5e-3, "float16": 4.5e-3}
 MAX_ABS_FRAC = 2.0 ** -6
-VARIANTS = ("per_head", "paged")
+VARIANTS = ("per_head", "paged", "paged_dual")
 
 
 @pytest.fixture(params=VARIANTS, ids=lambda v: f"decode_{v}")
-def variant(request):
-    """Decode kernel variant of :func:`kvlab.cuda.attention.plan_paged_attention`."""
-    return request.param
+def variant(request, monkeypatch):
+    """Decode kernel variant of :func:`kvlab.cuda.attention.plan_paged_attention`: ``"paged"``
+    runs the paged kernel's two-CTAs-per-SM form (``KVLAB_DECODE_PAGED_DUAL=0``), ``"paged_dual"``
+    its dual-ring CTA (``=1``; ``run_gpu`` checks that the plan took it wherever it is built)."""
+    if request.param == "per_head":
+        return "per_head"
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1" if request.param == "paged_dual" else "0")
+    return "paged"
 
 
 PREFILL_VARIANTS = ("mma", "wgmma")
@@ -174,6 +179,14 @@ def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_sc
                                 prefill_variant=prefill_variant)
     if plan.n_items:
         assert plan.decode_variant == variant, plan.decode_variant_note
+    if plan.n_items and variant == "paged":
+        import os
+
+        from kvlab.cuda.attention import _paged_halves
+
+        want = _paged_halves(plan.fmt_code, plan.head_size)
+        # the dual-ring CTA falls back to two per SM only where its stages do not fit (none of these shapes)
+        assert plan.paged_halves == want, (plan.paged_halves, want, os.environ.get("KVLAB_DECODE_PAGED_DUAL"))
     assert plan.prefill_variant == prefill_variant
     out = dev["q"].clone() if kind == "torch" else dev["q"].copy()
     out[...] = float("nan")  # poison: every output element must be written
@@ -303,19 +316,24 @@ def test_split_merge_forms(rng, fmt, shape, split, variant, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} split merge={split} {variant}")
 
 
+@pytest.mark.parametrize("dual", ["0", "1"], ids=["two-per-sm", "dual"])
 @pytest.mark.parametrize("nbuf", [2, 3, 4])
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(8, 4, 128, 16), (3, 3, 64, 32)], ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
-def test_paged_ring_depths(rng, fmt, shape, nbuf, monkeypatch):
+def test_paged_ring_depths(rng, fmt, shape, nbuf, dual, monkeypatch):
     """The paged decode's ring at every depth the plan can pick (KVLAB_DECODE_PAGED_NBUF caps it;
-    the default is 2 for big stages since session 10): stages issued before the prologue (the
+    the default is 2 for big stages since session 10), for both CTA forms (KVLAB_DECODE_PAGED_DUAL):
+    stages issued before the prologue (the
     buffers ahead of the q staging at the ring's end) and after it, ranges shorter than the ring,
     a sliding window, a decode + chunked-prefill mix, several splits."""
     if _device_cc() < 90:
         pytest.skip("the paged decode needs sm_90")
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", str(nbuf))
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", dual)
     hkv, group, d, bs = shape
-    fit = 3 if d == 128 else 4   # 8 heads at d = 128: 3 stages fit (test_attention_plan.py)
+    # 8 heads at d = 128: 3 stages fit, per ring in the dual-ring CTA too (two rings, one CTA per
+    # SM); test_attention_plan.py
+    fit = 3 if d == 128 else 4
     case = build_case(rng, fmt, hkv, group, d, bs, [1, 2, 1, 1],
                       [3000 + int(rng.integers(0, 40)), 700 + int(rng.integers(0, 9)), 17, 1])
     for window in (None, 333):
@@ -411,6 +429,7 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     from kvlab.cuda.attention import _device_props
 
     monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", "1.5")
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "0")   # the weight is for two CTAs per SM
     kv_lens = [int(x) for x in rng.integers(3900, 4200, size=8)]
     case = build_case(rng, fmt, 8, 4, 128, 16, [1] * 8, kv_lens)
     out, plan = run_gpu(case, variant="paged")
@@ -424,9 +443,10 @@ def test_wave_weighted_paged_decode(rng, fmt, monkeypatch):
     check_close(out, run_ref(case), "bfloat16", f"{fmt} wave-weighted")
 
 
+@pytest.mark.parametrize("dual", ["0", "1"], ids=["two-per-sm", "dual"])
 @pytest.mark.parametrize("short", [(200, 400), (100, 160)], ids=["short-split", "short-unsplit"])
 @pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head"])
-def test_slot_filled_ragged_paged_decode(rng, fmt, short):
+def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
     """A ragged decode batch (40 short sequences, 2 of ~12k tokens) whose work list
     ``_slot_filled`` re-draws (session 16): the two long sequences take most of the parts, short
     ones run in one to three — with 100-160 tokens (at most 10 tiles, under two parts of 8) in
@@ -437,6 +457,7 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short):
 
     from kvlab.cuda.attention import _device_props
 
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", dual)
     lo, hi = short
     kv_lens = [int(x) for x in rng.integers(lo, hi + 1, size=40)] + [int(x) for x in rng.integers(11000, 13001, size=2)]
     order = rng.permutation(len(kv_lens))
@@ -592,7 +613,7 @@ def test_softmax_scale_and_public_api(rng, fmt):
 @pytest.mark.parametrize("fmt", FORMATS)
 @pytest.mark.parametrize("shape", [(8, 4, 128, 16), (3, 3, 64, 16), (5, 1, 64, 32), (4, 2, 256, 16)],
                          ids=lambda s: f"hkv{s[0]}-g{s[1]}-d{s[2]}-bs{s[3]}")
-def test_decode_variants_agree(rng, fmt, shape):
+def test_decode_variants_agree(rng, fmt, shape, monkeypatch):
     """Pure decode at the benchmark's head counts (8 KV heads: 8 warps per paged CTA), the lab's
     3/9 heads, an odd 5 KV heads, d=256 with 4 KV heads: both variants against
     the reference, forced splits included. (8 KV heads at d=256 do not fit the paged kernel's
@@ -601,10 +622,11 @@ def test_decode_variants_agree(rng, fmt, shape):
     kv_lens = [int(rng.integers(1, 1200)) for _ in range(5)] + [17, 1]
     case = build_case(rng, fmt, hkv, group, d, bs, [1] * len(kv_lens), kv_lens)
     ref = run_ref(case)
-    for variant in VARIANTS:
+    for variant, dual in (("per_head", "0"), ("paged", "0"), ("paged", "1")):
+        monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", dual)
         for ns in (None, 5):
             out, plan = run_gpu(case, variant=variant, num_splits=ns)
-            check_close(out, ref, "bfloat16", f"{fmt} {shape} {variant} splits={ns}")
+            check_close(out, ref, "bfloat16", f"{fmt} {shape} {variant} dual={dual} splits={ns}")
 
 
 def test_decode_variant_selection(rng, monkeypatch):
@@ -688,21 +710,27 @@ def test_errors(rng):
 
 if __name__ == "__main__":
     # Small driver for compute-sanitizer (memcheck / racecheck): one ragged batch per format on
-    # both kernels, forced splits, a sliding window; checked against the reference as well.
+    # both kernels (the paged one in both CTA forms), forced splits, a sliding window; checked against the reference as well.
     #   compute-sanitizer --tool memcheck python tests/gpu/test_paged_attention_gpu.py
+    import os
+
     import cupy
 
     cupy.cuda.set_allocator(None)  # no pool: an out-of-bounds access cannot hide in a pool block
+    # both decode kernels, the paged one in both CTA forms (KVLAB_DECODE_PAGED_DUAL)
+    _FORMS = (("per_head", "0"), ("paged", "0"), ("paged", "1"))
     _rng = np.random.default_rng(0)
     for _fmt in FORMATS:
         for _pk in (True, False):
             _case = build_case(_rng, _fmt, 2, 4, 128, 16, [1, 37, 1, 5], [300, 37, 20, 900])
-            for _v in VARIANTS:
+            for _v, _w in _FORMS:
+                os.environ["KVLAB_DECODE_PAGED_DUAL"] = _w
                 _out, _ = run_gpu(_case, prefill_kernel=_pk, num_splits=3, sliding_window=100,
                                   variant=_v)
-                check_close(_out, run_ref(_case, sliding_window=100), "bfloat16", f"{_fmt} driver {_v}")
+                check_close(_out, run_ref(_case, sliding_window=100), "bfloat16", f"{_fmt} driver {_v} dual={_w}")
         _case = build_case(_rng, _fmt, 1, 8, 256, 32, [1, 20], [70, 90])
-        for _v in VARIANTS:
+        for _v, _w in _FORMS:
+            os.environ["KVLAB_DECODE_PAGED_DUAL"] = _w
             _out, _ = run_gpu(_case, variant=_v)
-            check_close(_out, run_ref(_case), "bfloat16", f"{_fmt} d=256 driver {_v}")
+            check_close(_out, run_ref(_case), "bfloat16", f"{_fmt} d=256 driver {_v} dual={_w}")
     print("paged attention sanitizer driver: ok")
