@@ -346,20 +346,27 @@ SLOT_CASES = [([8192] * 32, 1.2), ([131072], 1.2), ([4096] * 64, 1.3), ([5000, 3
               (list(range(2000, 32001, 2000)), 1.2), ([300] * 40 + [60000] * 4, 1.2), ([1000] * 20 + [50000] * 3, 1.3)]
 
 
+@pytest.mark.parametrize("dual", [False, True], ids=["two-per-sm", "dual"])
 @pytest.mark.parametrize("seq_lens, weight", SLOT_CASES)
-def test_slot_filled_work_list(seq_lens, weight):
+def test_slot_filled_work_list(seq_lens, weight, dual):
     """``_slot_filled``: every split group still covers exactly its range in contiguous tile-aligned
     parts (2 … tiles / min_tiles of them), part ids are 0 … n_parts-1 (consecutive per group, as its
     merge row says), unsplit items are kept, the resident slots are filled, the first n_sm rows are
     the heavy parts, and no part takes longer (tiles / its slot's rate) than session 15's
-    ``_wave_weighted`` list's longest part — nor more than 12 % over the ideal."""
+    ``_wave_weighted`` list's longest part — nor more than 12 % over the ideal. ``dual``: the
+    dual-ring CTA's grid, one slot per SM and no weight (session 18)."""
     from kvlab.cuda.attention import PG_MIN_SPLIT_TOKENS, _slot_filled, _wave_weighted, _work_list
 
     n_sm, cap, min_tiles = 132, 264, PG_MIN_SPLIT_TOKENS // 16
+    if dual:
+        cap, weight = n_sm, 1.0
     sl = np.asarray(seq_lens)
     qsl = np.arange(len(sl) + 1)
     items, red, n_parts = _work_list(qsl, sl, 2, 0, 1, cap, None, PG_MIN_SPLIT_TOKENS)
     r = _slot_filled(items, n_sm, cap, weight, min_tiles)
+    if len(items) > cap:   # _work_list chose more than one wave (here: the dual grid of 20 × 1k + 3 × 50k)
+        assert dual and r is None
+        return
     assert r is not None
     out, red2, n2 = r
     assert out.dtype == np.int32 and red2.dtype == np.int32 and out.shape[1] == items.shape[1]
@@ -397,14 +404,18 @@ def test_slot_filled_work_list(seq_lens, weight):
 
 def test_slot_filled_declines_other_grids(monkeypatch):
     """None (the plan then keeps ``_wave_weighted``) for grids of more than one wave, for GPUs
-    holding one CTA per SM, or with nothing split; a short list is filled (no part heavy if it
+    holding one CTA per SM with a first-wave weight (not the dual-ring CTA's unweighted grid), or
+    with nothing split; a short list is filled (no part heavy if it
     stays at most n_sm CTAs); the switch reads KVLAB_DECODE_SLOT_FILL (0 or 1, default 1)."""
     from kvlab.cuda import attention as A
 
     qsl, sl = np.arange(33), np.full(32, 8192)
     items, _, _ = A._work_list(qsl, sl, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
     assert A._slot_filled(items, 132, 200, 1.2, 8) is None          # more than one wave
-    assert A._slot_filled(items, 132, 132, 1.2, 8) is None          # one CTA per SM
+    assert A._slot_filled(items, 132, 132, 1.2, 8) is None          # one CTA per SM, weighted
+    items1, _, _ = A._work_list(qsl, sl, 2, 0, 1, 132, None, A.PG_MIN_SPLIT_TOKENS)
+    out1, _, n1 = A._slot_filled(items1, 132, 132, 1.0, 8)            # … unweighted: the dual-ring grid
+    assert len(out1) == 132 == n1
     unsplit = np.full(150, 100)                                        # nothing split
     it1, _, _ = A._work_list(np.arange(151), unsplit, 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)
     assert np.all(it1[:, 4] == -1) and A._slot_filled(it1, 132, 264, 1.2, 8) is None

@@ -803,13 +803,14 @@ def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min
     So every part of a group takes about the same time, and groups differ only by rounding.
     The unsplit items of ``items`` are kept as they are and go last. Returns ``(items, red, n_parts)``
     (``red`` rows: seq, tok0, part0, nparts, as ``_work_list``), or None when the work list is
-    more than one wave, the GPU holds fewer than two CTAs per SM, or nothing is split (then
-    ``_wave_weighted`` applies). ``slack`` slots are left empty (``KVLAB_DECODE_FILL_SLACK``).
+    more than one wave, the GPU holds fewer than two CTAs per SM and ``weight`` is not 1, or
+    nothing is split (then ``_wave_weighted`` applies). With ``weight`` 1 (the dual-ring CTA, one
+    per SM: no first-placed partner to weigh) every slot is alike and any capacity is filled. ``slack`` slots are left empty (``KVLAB_DECODE_FILL_SLACK``).
     A list of at most ``n_sm`` CTAs is filled too (its SMs would
     otherwise stream with one CTA each); if it stays that short, no part is heavy.
     """
     n = len(items)
-    if not (n <= capacity and capacity >= 2 * n_sm):
+    if not (n <= capacity and (capacity >= 2 * n_sm or weight == 1.0)):
         return None
     multi = items[:, 4] >= 0
     m = items[multi]
@@ -1022,8 +1023,10 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         w, n_sm, mode = (_wave_weight() if nh == 1 else 1.0), _device_props(dev)[0], _slot_fill()
         weighted = _wave_weighted(items, n_sm, capacity, w)
         try_fill = mode == "2" or (mode == "1" and _fill_may_pay(weighted, n_sm, capacity, w))
-        filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16, _fill_slack())
-                  if try_fill else None)
+        # slack: the two-per-SM grid's placement quirk at exactly 2·n_sm CTAs (PG_FILL_SLACK); the
+        # dual-ring grid is one CTA per SM, every slot used
+        filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16,
+                               _fill_slack() if nh == 1 else 0) if try_fill else None)
         if filled is not None and (mode == "2" or _fill_pays(filled[0], weighted, n_sm, w)):
             (items, red, n_parts), wave_weight, slot_fill = filled, w, True
         elif weighted is not items:
