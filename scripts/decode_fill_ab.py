@@ -1,9 +1,12 @@
 """A/B of the paged decode's work list in one process: ``_slot_filled`` always
 (KVLAB_DECODE_SLOT_FILL=2) against session 15's ``_wave_weighted`` (=0), on the same caches. The
 default (=1) takes the filled list only where the model says it pays (``_fill_pays``); the table
-says which list the default would take.
+says which list the default would take. ``--ab VAR=A/B`` compares two other settings of a
+variable read when a plan is built, e.g. the paged decode's CTA forms
+(``--ab KVLAB_DECODE_PAGED_DUAL=0/1``: two CTAs per SM against the dual-ring CTA, each with its
+default work list).
 
-    python3 scripts/decode_fill_ab.py [--repeats 30] [--out DIR]
+    python3 scripts/decode_fill_ab.py [--repeats 30] [--out DIR] [--ab VAR=A/B] [--only CASES]
 
 Cases (32/8 heads, d = 128, block 16, shuffled blocks): the issue-4 targets (B = 32 × 8k,
 batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, and two ragged batches (lengths below),
@@ -35,7 +38,13 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--out", default="")
     ap.add_argument("--only", default="", help="comma-separated substrings of case names (e.g. 'B=32,ragged')")
+    ap.add_argument("--ab", default="KVLAB_DECODE_SLOT_FILL=0/2",
+                    help="VAR=A/B: the two settings compared (default: the work list, =0 against =2)")
     args = ap.parse_args()
+    var, _, vals = args.ab.partition("=")
+    va, _, vb = vals.partition("/")
+    if not var or not va or not vb:
+        ap.error(f"--ab: expected VAR=A/B, got {args.ab!r}")
 
     import torch
 
@@ -47,8 +56,9 @@ def main() -> int:
     cases = [(f"B={b} L={c}", [c] * b, f) for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in FORMATS]
     cases += [("B=1 L=32768", [32768], f) for f in FORMATS[::2]]
     cases += [(name, lens, f) for name, lens in RAGGED.items() for f in FORMATS[::2]]
-    lines = ["| case | format | CTAs 0 / 2 | ms, _wave_weighted (=0) | ms, _slot_filled (=2) | change | outputs rel L2 | default (=1) |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [f"| case | format | CTAs {va} / {vb} | ms, {var}={va} | ms, {var}={vb} | change | outputs rel L2 | "
+             f"lists filled {va} / {vb} | default (unset) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     if args.only:
         cases = [c for c in cases if any(x in c[0] for x in args.only.split(","))]
     rows, built = [], {}
@@ -62,13 +72,15 @@ def main() -> int:
         kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=fmt)
         a = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
         plans, outs = {}, {}
-        for fill, mode in (("0", "0"), ("1", "2")):
-            os.environ["KVLAB_DECODE_SLOT_FILL"] = mode
+        for fill, mode in (("0", va), ("1", vb)):
+            os.environ[var] = mode
             plans[fill] = plan_paged_attention(*a, fmt, decode_variant="paged")
             outs[fill] = torch.empty_like(b["q"])
             plans[fill].run(*a, out=outs[fill])
-        os.environ.pop("KVLAB_DECODE_SLOT_FILL", None)
-        default_fills = plan_paged_attention(*a, fmt, decode_variant="paged").slot_fill
+        os.environ.pop(var, None)
+        dp = plan_paged_attention(*a, fmt, decode_variant="paged")
+        default_s = f"{'filled' if dp.slot_fill else 'weighted'}, {dp.paged_halves} ring(s)"
+        fills = " / ".join("yes" if plans[k].slot_fill else "no" for k in ("0", "1"))
         torch.cuda.synchronize()
         o0, o1 = outs["0"].double(), outs["1"].double()
         rel = float(torch.linalg.norm(o1 - o0) / torch.linalg.norm(o0))
@@ -79,11 +91,12 @@ def main() -> int:
         m0, m1 = sum(t["0"]) / 2, sum(t["1"]) / 2
         line = (f"| {name} | {fmt} | {plans['0'].n_items} / {plans['1'].n_items} | "
                 f"{t['0'][0]:.4f} / {t['0'][1]:.4f} | {t['1'][0]:.4f} / {t['1'][1]:.4f} | "
-                f"{100 * (m1 / m0 - 1):+.1f} % | {rel:.1e} | {'filled' if default_fills else 'weighted'} |")
+                f"{100 * (m1 / m0 - 1):+.1f} % | {rel:.1e} | {fills} | {default_s} |")
         print(line, flush=True)
         lines.append(line)
-        rows.append(dict(case=name, format=fmt, ctas=[plans["0"].n_items, plans["1"].n_items], ms_wave=t["0"],
-                         ms_fill=t["1"], rel_l2=rel, slot_fill=plans["1"].slot_fill, default_fills=default_fills))
+        rows.append(dict(case=name, format=fmt, ab=args.ab, ctas=[plans["0"].n_items, plans["1"].n_items],
+                         ms_a=t["0"], ms_b=t["1"], rel_l2=rel, slot_fill=[plans["0"].slot_fill, plans["1"].slot_fill],
+                         default_fills=dp.slot_fill, default_halves=dp.paged_halves))
         if rel > 1e-2:
             print(f"  outputs disagree: rel L2 {rel:.3e}", flush=True)
         del cache, plans, outs
