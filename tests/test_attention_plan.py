@@ -130,6 +130,33 @@ def test_paged_halves_env(monkeypatch):
                 assert A._paged_spec(code, d, t, 2).name_expression() in names
 
 
+@pytest.mark.parametrize("seq_lens, dual", [
+    ([8192] * 32, True), ([131072], True), ([4096] * 64, True), ([32768] * 8, True),   # the targets, long loops
+    ([8192] * 8, True), ([1024] * 64, True),            # 32-tile parts: measured 0.0 / −1.1 %
+    ([8192], False), ([1024] * 8, False), ([1024] * 32, False), ([32768], False),   # short parts: the prologue
+    ([300] * 40 + [60000] * 4, False),                  # short unsplit sequences idle SMs (measured +6 %)
+    (list(range(2000, 32001, 2000)), True),             # a ragged batch that balances (measured −5.6 %)
+    ([1000] * 20 + [50000] * 3, False), ([200] * 100 + [100000], False),   # the dual list is not one wave
+])
+def test_dual_pays_where_measured(seq_lens, dual):
+    """The plan's default CTA form for int8 (``_dual_pays`` on the two forms' default lists, H200:
+    132 SMs, 264 / 132 slots) against what session 18 measured for these batches (docs/perf-notes.md)."""
+    from kvlab.cuda import attention as A
+
+    sl = np.asarray(seq_lens)
+    qsl = np.arange(len(sl) + 1)
+    two = A._paged_list(qsl, sl, 2, 0, 264, None, 1, 132)
+    dl = A._paged_list(qsl, sl, 2, 0, 132, None, 2, 132)
+    assert dl[3] == 1.0                      # the dual ring's list is never weighted
+    assert A._dual_pays(two[0], dl[0], 132, A.PG_WAVE_WEIGHT, A.PG_DUAL_GAIN[1]) == dual
+    # the model's pieces: a dual CTA runs at its SM's whole rate, shared by per_sm of them
+    t = A._list_time(dl[0], 132, 1.2, 2, 0.05)
+    assert A._list_time(dl[0], 132, 1.2, 2, 0.05, per_sm=2) == pytest.approx(
+        max(2 * t, A._row_tiles(dl[0]).sum() / 132 / 2.2 / 1.05))
+    # never faster than all tiles spread evenly over the SMs at their whole rate
+    assert A._list_time(dl[0], 132, 1.2, 2, 0.0) >= A._row_tiles(dl[0]).sum() / 132 / 2.2 - 1e-9
+
+
 def test_paged_stage_cap_env(h200, monkeypatch):
     A = h200
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "2")

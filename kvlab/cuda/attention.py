@@ -99,11 +99,17 @@ PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffe
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 PG_DUAL_CODES = (1, 2, 3, 4)        # formats with a dual-ring paged-decode CTA (auto: two rings do not fit at d = 128)
 PG_DUAL_HEAD_SIZES = (64, 128)      # … and head sizes (NH = 2 needs 2·ny warps of ≤ 128 registers)
-# KVLAB_DECODE_PAGED_DUAL unset: the formats that get the dual-ring CTA (_paged_halves). int8: −5 %
-# at B = 32 × 8k, 64 × 4k and batch 1 × 128k on the H200 (session 17, call 5, docs/perf-notes.md);
-# int4 −1 % at B = 32 but +4.7 % at batch 1, nvfp4 / fp8 slower: two CTAs per SM for them.
-# PROPOSED for session 18: the GPU tests of the barrier-init fix have not run yet.
+# KVLAB_DECODE_PAGED_DUAL unset: the formats that may get the dual-ring CTA (_paged_halves), and by
+# how much it raises an SM's decode rate over two CTAs per SM (_dual_pays). int8: −4.7 … −6.0 % at
+# B = 32 × 8k, 64 × 4k and batch 1 × 128k on the H200 (sessions 17 and 18, docs/perf-notes.md);
+# int4 / fp8 −1 % at B = 32 but +2 … +3 % at batch 1, nvfp4 slower everywhere: two CTAs per SM.
 PG_DUAL_DEFAULT_CODES = (1,)
+PG_DUAL_GAIN = {1: 0.05}
+# … and only over parts this long (16-token tiles of the dual list's longest part): its prologue is
+# ~2 µs longer than two CTAs' (sixteen warps stage their queries at once), which the gain repays
+# only over long loops. Measured (H200, int8, session 18 call 2, dual against two per SM):
+# 8 tiles +4.6 … +9.9 %, 16–17 tiles −0.9 … −2.9 %, 32 tiles 0 … −1.1 %, ≥ 66 tiles −5 … −15 %.
+PG_DUAL_MIN_TILES = 32
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
@@ -172,13 +178,52 @@ def _paged_halves(code: int, d: int) -> int:
     """Halves of the paged decode kernel's CTA: 2 (the dual-ring CTA, one per SM, two halves of
     ``ny`` warps that each decode half of the item's chunks from a ring of their own, ``NH = 2``
     in paged_attention.cu) or 1 (two CTAs per SM). ``KVLAB_DECODE_PAGED_DUAL`` = ``1`` / ``0``
-    picks for every format; unset, the formats of ``PG_DUAL_DEFAULT_CODES``. Formats and head
-    sizes without a dual-ring instantiation (auto, d = 256) always get 1. Read when a plan is built."""
+    picks for every format; unset, the formats of ``PG_DUAL_DEFAULT_CODES`` are candidates, and
+    the plan keeps the dual ring only where its work list is modelled no slower (``_dual_pays``).
+    Formats and head sizes without a dual-ring instantiation (auto, d = 256) always get 1. Read
+    when a plan is built."""
     env = os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"KVLAB_DECODE_PAGED_DUAL: expected 0 or 1, got {env!r}")
     dual = code in PG_DUAL_DEFAULT_CODES if env == "" else env == "1"
     return 2 if dual and code in PG_DUAL_CODES and d in PG_DUAL_HEAD_SIZES else 1
+
+
+def _dual_forced() -> bool:
+    """Whether ``KVLAB_DECODE_PAGED_DUAL`` picks the CTA form (set) or the plan does (unset: the
+    dual ring for ``PG_DUAL_DEFAULT_CODES`` where ``_dual_pays``)."""
+    return os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip() != ""
+
+
+def _list_time(items: np.ndarray, n_sm: int, weight: float, nh: int, gain: float = 0.0,
+               per_sm: int = 1) -> float:
+    """Modelled time of a paged-decode work list, in 16-token tiles at the rate of a second-placed
+    CTA of two per SM: with two CTAs per SM (``nh`` 1) the longest part, the first ``n_sm`` rows
+    ``weight`` times as fast (``_longest_part``); with the dual-ring CTA (``nh`` 2, ``per_sm`` of
+    them per SM: 1 at d = 128) the longest part at its share of the SM's rate,
+    ``(weight + 1) · (1 + gain) / per_sm``. Neither is shorter than all tiles spread evenly over
+    the SMs (a list of more than one wave)."""
+    t = _row_tiles(items).astype(np.float64)
+    if not len(t):
+        return 0.0
+    even = float(t.sum()) / n_sm
+    if nh == 1:
+        return max(_longest_part(items, n_sm, weight), even / (weight + 1.0))
+    return max(float(t.max()) * per_sm, even) / ((weight + 1.0) * (1.0 + gain))
+
+
+def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain: float,
+               per_sm: int = 1) -> bool:
+    """Whether the dual-ring CTA's list (``dual``, one slot per SM) is modelled no slower than the
+    two-per-SM list (``two``) of the same batch (``_list_time``). Uniform batches: its parts are
+    as long as an SM's pair of parts, so its measured gain decides (int8 B = 32 × 8k: 55.4 against
+    57.9 tiles). A ragged batch whose short sequences run unsplit leaves an SM idle behind each
+    (one slot per SM): there the two-per-SM list wins (40 × 300 + 4 × 60k tokens: 71 against
+    ~55; measured on the H200: dual +6 %, session 18). Parts shorter than ``PG_DUAL_MIN_TILES``
+    do not repay the dual ring's longer prologue."""
+    if not len(dual) or int(_row_tiles(dual).max()) < PG_DUAL_MIN_TILES:
+        return False
+    return _list_time(dual, n_sm, weight, 2, gain, per_sm) <= _list_time(two, n_sm, weight, 1)
 
 
 def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh: int = 1) -> tuple[int, str]:
@@ -907,6 +952,28 @@ def _fill_pays(filled: np.ndarray, weighted: np.ndarray, n_sm: int, weight: floa
     return _longest_part(filled, n_sm, weight) <= PG_FILL_MIN_GAIN * _longest_part(weighted, n_sm, weight)
 
 
+def _paged_list(qsl_dec, sl, tpc, window, capacity, num_splits, nh, n_sm):
+    """The paged decode's work list for ``capacity`` resident CTAs of ``nh`` halves:
+    ``(items, red, n_parts, wave_weight, slot_fill)``. ``_work_list``'s split list, then (unless
+    ``num_splits`` forces the splits) re-drawn over every slot (``_slot_filled``) where that pays,
+    else weighted for the first-placed CTAs (``_wave_weighted``). The dual-ring CTA (``nh`` 2) has
+    no partner on its SM: nothing to weigh, every slot alike, no slack (the placement quirk of
+    ``PG_FILL_SLACK`` is the two-per-SM grid's at exactly 2·n_sm CTAs)."""
+    items, red, n_parts = _work_list(qsl_dec, sl, tpc, window, 1, capacity, num_splits, PG_MIN_SPLIT_TOKENS)
+    if num_splits is not None:
+        return items, red, n_parts, 1.0, False
+    w, mode = (_wave_weight() if nh == 1 else 1.0), _slot_fill()
+    weighted = _wave_weighted(items, n_sm, capacity, w)
+    try_fill = mode == "2" or (mode == "1" and _fill_may_pay(weighted, n_sm, capacity, w))
+    filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16,
+                           _fill_slack() if nh == 1 else 0) if try_fill else None)
+    if filled is not None and (mode == "2" or _fill_pays(filled[0], weighted, n_sm, w)):
+        return (*filled, w, True)
+    if weighted is not items:
+        return weighted, red, n_parts, w, False
+    return items, red, n_parts, 1.0, False
+
+
 def _prefill_list(qlen, seqs, tokens_per_cta):
     """Prefill CTAs (seq, tok0), the ones with the most keys (last query tokens) first."""
     if len(seqs) == 0:
@@ -1006,31 +1073,28 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
             variant, paged_smem = "paged", paged_smem_bytes(code, d, Hkv, ny, nbuf, nh)
         else:
             note += "; using per_head"
-    if variant == "paged":
-        capacity = _resident_paged_ctas(_paged_spec(code, d, qd, nh), dev, ny * nh, paged_smem)
-        ny_split, min_split = 1, PG_MIN_SPLIT_TOKENS
-    else:
-        capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
-        ny_split, min_split = ny, MIN_SPLIT_TOKENS
     pf_items = _prefill_list(qlen, pf_seq, PF_ROWS // G)
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
-    items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny_split, capacity, num_splits,
-                                     min_split)
-    wave_weight, slot_fill = 1.0, False
-    if variant == "paged" and num_splits is None:
-        # the dual-ring CTA has no partner on its SM: nothing to weigh (_wave_weighted needs two
-        # CTAs per SM anyway; the fill's balance model then counts every slot alike)
-        w, n_sm, mode = (_wave_weight() if nh == 1 else 1.0), _device_props(dev)[0], _slot_fill()
-        weighted = _wave_weighted(items, n_sm, capacity, w)
-        try_fill = mode == "2" or (mode == "1" and _fill_may_pay(weighted, n_sm, capacity, w))
-        # slack: the two-per-SM grid's placement quirk at exactly 2·n_sm CTAs (PG_FILL_SLACK); the
-        # dual-ring grid is one CTA per SM, every slot used
-        filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16,
-                               _fill_slack() if nh == 1 else 0) if try_fill else None)
-        if filled is not None and (mode == "2" or _fill_pays(filled[0], weighted, n_sm, w)):
-            (items, red, n_parts), wave_weight, slot_fill = filled, w, True
-        elif weighted is not items:
-            items, wave_weight = weighted, w
+    if variant == "paged":
+        capacity = _resident_paged_ctas(_paged_spec(code, d, qd, nh), dev, ny * nh, paged_smem)
+        lst = _paged_list(qsl_dec, sl_h, tpc, window, capacity, num_splits, nh, _device_props(dev)[0])
+        if nh == 2 and not _dual_forced() and num_splits is None:
+            # the dual ring by default only where its list is modelled no slower (_dual_pays)
+            nbuf1, note1 = _paged_buffers(code, d, Hkv, ny, dev)
+            if nbuf1:
+                smem1 = paged_smem_bytes(code, d, Hkv, ny, nbuf1)
+                cap1 = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, smem1)
+                n_sm = _device_props(dev)[0]
+                lst1 = _paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm)
+                if not _dual_pays(lst1[0], lst[0], n_sm, _wave_weight(), PG_DUAL_GAIN.get(code, 0.0),
+                                  max(1, capacity // n_sm)):
+                    nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, lst1
+        items, red, n_parts, wave_weight, slot_fill = lst
+    else:
+        capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
+        items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny, capacity, num_splits,
+                                         MIN_SPLIT_TOKENS)
+        wave_weight, slot_fill = 1.0, False
     scale_log2 = meta["softmax_scale"] * math.log2(math.e)
     if fmt.name == "int4_per_token_head":
         scale_log2 /= d  # q·k = q̃·k̃ / d in the rotated domain (SPEC 2.1)

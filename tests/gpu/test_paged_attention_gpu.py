@@ -182,11 +182,14 @@ def run_gpu(case, kind="torch", sliding_window=None, num_splits=None, softmax_sc
     if plan.n_items and variant == "paged":
         import os
 
-        from kvlab.cuda.attention import _paged_halves
+        from kvlab.cuda.attention import _dual_forced, _paged_halves
 
         want = _paged_halves(plan.fmt_code, plan.head_size)
-        # the dual-ring CTA falls back to two per SM only where its stages do not fit (none of these shapes)
-        assert plan.paged_halves == want, (plan.paged_halves, want, os.environ.get("KVLAB_DECODE_PAGED_DUAL"))
+        if _dual_forced():
+            # the dual-ring CTA falls back to two per SM only where its stages do not fit (none of these shapes)
+            assert plan.paged_halves == want, (plan.paged_halves, want, os.environ.get("KVLAB_DECODE_PAGED_DUAL"))
+        else:   # the plan's choice (_dual_pays): test_paged_default_cta_form
+            assert plan.paged_halves in (1, want), (plan.paged_halves, want)
     assert plan.prefill_variant == prefill_variant
     out = dev["q"].clone() if kind == "torch" else dev["q"].copy()
     out[...] = float("nan")  # poison: every output element must be written
@@ -475,6 +478,26 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
     assert np.all(counts <= 3)
     if hi <= 160:
         assert np.all(counts == 1) and np.all(items[np.isin(items[:, 0], short_seqs), 4] == -1)
+
+
+@pytest.mark.parametrize("fmt, kv_len, halves", [
+    ("int8_per_token_head", 81920, 2),   # 125 parts of 40 tiles: the dual ring (_dual_pays)
+    ("int8_per_token_head", 8192, 1),    # 64 parts of 8 tiles: too short for its prologue
+    ("int4_per_token_head", 81920, 1),   # int4 is not a candidate (PG_DUAL_DEFAULT_CODES)
+])
+def test_paged_default_cta_form(rng, fmt, kv_len, halves, monkeypatch):
+    """With KVLAB_DECODE_PAGED_DUAL unset the plan picks the paged decode's CTA form (session 18):
+    the dual ring for int8 where its list is modelled no slower, two CTAs per SM elsewhere; the
+    output matches float64 either way (batch 1, 32/8 heads, d = 128: the issue's decode shape)."""
+    from kvlab.cuda.attention import _device_props
+
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
+    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
+    case = build_case(rng, fmt, 8, 4, 128, 16, [1], [kv_len])
+    out, plan = run_gpu(case, variant="paged")
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} L={kv_len} default CTA form")
+    if _device_props(plan.device_id)[0] == 132:   # the model's decision for the H200's 132 SMs
+        assert plan.paged_halves == halves, (plan.paged_halves, plan.n_items)
 
 
 @pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head"])
