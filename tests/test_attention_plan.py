@@ -92,6 +92,7 @@ def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
     (3, 128, 8, 2, 3),   # int4: two rings of 34,816 B stages; 3 per ring fit in 223 KB (one CTA per SM), big: 2
     (4, 128, 8, 2, 3),   # nvfp4: 36,864 B stages, 2 × 3 fit (221,184 B)
     (1, 128, 8, 2, 3),   # int8: 33,792 B stages
+    (2, 128, 8, 3, 3),   # fp8: the same stages, 3 per ring by default (PG_DUAL_DEFAULT, session 18)
     (3, 64, 3, 4, 4),    # the shipped model's shape: 6,912 B stages, the 4-stage cap
 ])
 def test_paged_dual_stage_count(h200, monkeypatch, code, d, h, expect, fit):
@@ -130,17 +131,23 @@ def test_paged_halves_env(monkeypatch):
                 assert A._paged_spec(code, d, t, 2).name_expression() in names
 
 
-@pytest.mark.parametrize("seq_lens, dual", [
-    ([8192] * 32, True), ([131072], True), ([4096] * 64, True), ([32768] * 8, True),   # the targets, long loops
-    ([8192] * 8, True), ([1024] * 64, True),            # 32-tile parts: measured 0.0 / −1.1 %
-    ([8192], False), ([1024] * 8, False), ([1024] * 32, False), ([32768], False),   # short parts: the prologue
-    ([300] * 40 + [60000] * 4, False),                  # short unsplit sequences idle SMs (measured +6 %)
-    (list(range(2000, 32001, 2000)), True),             # a ragged batch that balances (measured −5.6 %)
-    ([1000] * 20 + [50000] * 3, False), ([200] * 100 + [100000], False),   # the dual list is not one wave
+@pytest.mark.parametrize("code, seq_lens, dual", [
+    # int8 (PG_DUAL_DEFAULT: gain 0.05, parts of >= 16 tiles)
+    (1, [8192] * 32, True), (1, [131072], True), (1, [4096] * 64, True), (1, [32768] * 8, True),
+    (1, [8192] * 8, True), (1, [1024] * 64, True), (1, [32768], True), (1, [1024] * 32, True),
+    (1, [8192], False), (1, [1024] * 8, False),          # 8-tile parts: the prologue (+5 … +10 %)
+    (1, [300] * 40 + [60000] * 4, False),               # short unsplit sequences idle SMs (measured +6 %)
+    (1, list(range(2000, 32001, 2000)), True),          # a ragged batch that balances (measured −5.6 %)
+    (1, [1000] * 20 + [50000] * 3, False), (1, [200] * 100 + [100000], False),   # the dual list is not one wave
+    # int4 and fp8 (gain 0.02, parts of >= 128 tiles): long loops only
+    (3, [8192] * 32, True), (3, [4096] * 64, True), (3, [32768] * 32, True), (3, [131072] * 8, True),
+    (3, [131072], False), (3, [8192] * 8, False), (3, [32768], False),   # batch 1 × 128k: +4.7 %
+    (2, [8192] * 32, True), (2, [4096] * 64, True), (2, [131072], False), (2, [1024] * 64, False),
 ])
-def test_dual_pays_where_measured(seq_lens, dual):
-    """The plan's default CTA form for int8 (``_dual_pays`` on the two forms' default lists, H200:
-    132 SMs, 264 / 132 slots) against what session 18 measured for these batches (docs/perf-notes.md)."""
+def test_dual_pays_where_measured(code, seq_lens, dual):
+    """The plan's default CTA form (``_dual_pays`` on the two forms' default lists, H200: 132 SMs,
+    264 / 132 slots, the format's ``PG_DUAL_DEFAULT``) against what session 18 measured for these
+    batches (docs/perf-notes.md)."""
     from kvlab.cuda import attention as A
 
     sl = np.asarray(seq_lens)
@@ -148,7 +155,8 @@ def test_dual_pays_where_measured(seq_lens, dual):
     two = A._paged_list(qsl, sl, 2, 0, 264, None, 1, 132)
     dl = A._paged_list(qsl, sl, 2, 0, 132, None, 2, 132)
     assert dl[3] == 1.0                      # the dual ring's list is never weighted
-    assert A._dual_pays(two[0], dl[0], 132, A.PG_WAVE_WEIGHT, A.PG_DUAL_GAIN[1]) == dual
+    gain, min_tiles, _ = A.PG_DUAL_DEFAULT[code]
+    assert A._dual_pays(two[0], dl[0], 132, A.PG_WAVE_WEIGHT, gain, min_tiles) == dual
     # the model's pieces: a dual CTA runs at its SM's whole rate, shared by per_sm of them
     t = A._list_time(dl[0], 132, 1.2, 2, 0.05)
     assert A._list_time(dl[0], 132, 1.2, 2, 0.05, per_sm=2) == pytest.approx(

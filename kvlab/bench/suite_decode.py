@@ -187,8 +187,10 @@ def run(quick: bool, progress) -> list[dict]:
                     plan = plan_paged_attention(*args, name, decode_variant=variant)
                     r = bench_ms(lambda: plan.run(*args, out=out), repeats)
                     g_k = gbps(nbytes, r["median_ms"])
-                    grid_s = (f"{plan.n_items} CTAs of {plan.ny * plan.paged_halves} warps" if plan.decode_variant == "paged"
-                              else f"{plan.n_items}x{plan.ny} CTAs")
+                    grid_s = (f"{plan.n_items} CTAs of {plan.ny * plan.paged_halves} warps"
+                              + (f" (dual ring, {plan.paged_nbuf} stages each)" if plan.paged_halves == 2
+                                 else f" ({plan.paged_nbuf} stages)")
+                              if plan.decode_variant == "paged" else f"{plan.n_items}x{plan.ny} CTAs")
                     if plan.wave_weight != 1.0:
                         grid_s += f" (first wave x{plan.wave_weight:g})"
                     if plan.slot_fill:

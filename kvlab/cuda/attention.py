@@ -99,17 +99,20 @@ PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffe
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 PG_DUAL_CODES = (1, 2, 3, 4)        # formats with a dual-ring paged-decode CTA (auto: two rings do not fit at d = 128)
 PG_DUAL_HEAD_SIZES = (64, 128)      # … and head sizes (NH = 2 needs 2·ny warps of ≤ 128 registers)
-# KVLAB_DECODE_PAGED_DUAL unset: the formats that may get the dual-ring CTA (_paged_halves), and by
-# how much it raises an SM's decode rate over two CTAs per SM (_dual_pays). int8: −4.7 … −6.0 % at
-# B = 32 × 8k, 64 × 4k and batch 1 × 128k on the H200 (sessions 17 and 18, docs/perf-notes.md);
-# int4 / fp8 −1 % at B = 32 but +2 … +3 % at batch 1, nvfp4 slower everywhere: two CTAs per SM.
-PG_DUAL_DEFAULT_CODES = (1,)
-PG_DUAL_GAIN = {1: 0.05}
-# … and only over parts this long (16-token tiles of the dual list's longest part): its prologue is
-# ~2 µs longer than two CTAs' (sixteen warps stage their queries at once), which the gain repays
-# only over long loops. Measured (H200, int8, session 18 call 2, dual against two per SM):
-# 8 tiles +4.6 … +9.9 %, 16–17 tiles −0.9 … −2.9 %, 32 tiles 0 … −1.1 %, ≥ 66 tiles −5 … −15 %.
-PG_DUAL_MIN_TILES = 32
+# KVLAB_DECODE_PAGED_DUAL unset: the formats that may get the dual-ring CTA (_paged_halves), each
+# with (gain, min_tiles, nbuf): how much the dual ring raises an SM's decode rate over two CTAs per
+# SM (_dual_pays), the shortest longest-part (16-token tiles) over which it repays its ~2 µs longer
+# prologue (sixteen warps stage their queries at once), and its stages per ring. Measured on the
+# H200 (session 18, calls 1–3, docs/perf-notes.md; the full decode grid both ways):
+#   int8: −5 … −7 % at B = 32 × 8k, 64 × 4k, batch 1 × 128k, −10 … −16 % at 32k–128k contexts
+#         (1.03× the read floor); 8-tile parts +5 … +10 %, 16–17 tiles −2 … −4 %;
+#   fp8:  −0.5 … −2 % with 2 stages per ring, −2.2 … −2.6 % more with 3 (B = 32 × 8k, 64 × 4k);
+#         parts of ≤ 66 tiles +1 … +23 %;
+#   int4: −2 … −6 % over parts of ≥ 128 tiles at 64 × 4k and 32k–128k contexts, −0.1 … −1.3 % at
+#         B = 32 × 8k, +4.7 % at batch 1 × 128k (66 tiles); 3 stages flat;
+#   nvfp4 (d = 128): +1 … +7 % everywhere: two CTAs per SM.
+PG_DUAL_DEFAULT = {1: (0.05, 16, 2), 2: (0.02, 128, 3), 3: (0.02, 128, 2)}
+PG_DUAL_DEFAULT_CODES = tuple(PG_DUAL_DEFAULT)
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
@@ -213,15 +216,15 @@ def _list_time(items: np.ndarray, n_sm: int, weight: float, nh: int, gain: float
 
 
 def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain: float,
-               per_sm: int = 1) -> bool:
+               min_tiles: int, per_sm: int = 1) -> bool:
     """Whether the dual-ring CTA's list (``dual``, one slot per SM) is modelled no slower than the
     two-per-SM list (``two``) of the same batch (``_list_time``). Uniform batches: its parts are
     as long as an SM's pair of parts, so its measured gain decides (int8 B = 32 × 8k: 55.4 against
     57.9 tiles). A ragged batch whose short sequences run unsplit leaves an SM idle behind each
     (one slot per SM): there the two-per-SM list wins (40 × 300 + 4 × 60k tokens: 71 against
-    ~55; measured on the H200: dual +6 %, session 18). Parts shorter than ``PG_DUAL_MIN_TILES``
-    do not repay the dual ring's longer prologue."""
-    if not len(dual) or int(_row_tiles(dual).max()) < PG_DUAL_MIN_TILES:
+    ~55; measured on the H200: dual +6 %, session 18). Parts shorter than ``min_tiles``
+    (``PG_DUAL_DEFAULT``) do not repay the dual ring's longer prologue."""
+    if not len(dual) or int(_row_tiles(dual).max()) < min_tiles:
         return False
     return _list_time(dual, n_sm, weight, 2, gain, per_sm) <= _list_time(two, n_sm, weight, 1)
 
@@ -235,8 +238,9 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     next ones are copied). Stages of ``PG_BIG_STAGE`` bytes or more are capped at two: measured
     on the H200 (docs/perf-notes.md "Session 10"), a deeper ring of big stages moves the cache
     more slowly (int4 d = 128, 8 heads: 3 stages 0.1051 ms, 2 stages 0.1047–0.1052; auto:
-    0.3352 → 0.2729 ms). ``KVLAB_DECODE_PAGED_NBUF=n`` sets the cap to ``n`` (2 … 4) instead
-    (``4``: as many as fit, the session-9 rule)."""
+    0.3352 → 0.2729 ms); the dual ring's big stages get the format's ``PG_DUAL_DEFAULT`` depth
+    (fp8: 3 per ring, measured −2.2 … −2.6 % against 2 in session 18). ``KVLAB_DECODE_PAGED_NBUF=n``
+    sets the cap to ``n`` (2 … 4) instead (``4``: as many as fit, the session-9 rule)."""
     import cupy
 
     cc = int(cupy.cuda.Device(device_id).compute_capability)
@@ -250,7 +254,12 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     if cap:
         if not cap.isdigit() or not 2 <= int(cap) <= PG_MAXBUF:
             raise ValueError(f"KVLAB_DECODE_PAGED_NBUF: 2 … {PG_MAXBUF}, got {cap!r}")
-    cap = int(cap) if cap else (PG_BIG_STAGE_NBUF if stage >= PG_BIG_STAGE else PG_MAXBUF)
+    if cap:
+        cap = int(cap)
+    elif nh == 2 and code in PG_DUAL_DEFAULT:   # the dual ring's stages per ring, by format
+        cap = PG_DUAL_DEFAULT[code][2] if stage >= PG_BIG_STAGE else PG_MAXBUF
+    else:
+        cap = PG_BIG_STAGE_NBUF if stage >= PG_BIG_STAGE else PG_MAXBUF
     for ctas in ((2, 1) if d <= 128 and nh == 1 else (1,)):
         per_cta = min(smem_sm // ctas, _smem_optin(device_id)) - 4 * 1024  # static + reserved
         nbuf = min(PG_MAXBUF, per_cta // (nh * stage), cap)
@@ -1086,7 +1095,8 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
                 cap1 = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, smem1)
                 n_sm = _device_props(dev)[0]
                 lst1 = _paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm)
-                if not _dual_pays(lst1[0], lst[0], n_sm, _wave_weight(), PG_DUAL_GAIN.get(code, 0.0),
+                gain, min_tiles, _ = PG_DUAL_DEFAULT[code]
+                if not _dual_pays(lst1[0], lst[0], n_sm, _wave_weight(), gain, min_tiles,
                                   max(1, capacity // n_sm)):
                     nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, lst1
         items, red, n_parts, wave_weight, slot_fill = lst
