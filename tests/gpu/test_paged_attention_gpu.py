@@ -481,10 +481,10 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
 
 
 @pytest.mark.parametrize("fmt, kv_len, halves", [
-    ("int8_per_token_head", 81920, 2),   # 125 parts of 40 tiles: the dual ring (_dual_pays)
+    ("int8_per_token_head", 40000, 2),   # 125 parts of 20 tiles: the dual ring (_dual_pays)
     ("int8_per_token_head", 8192, 1),    # 64 parts of 8 tiles: too short for its prologue
-    ("int4_per_token_head", 81920, 1),   # int4 takes the dual ring only over parts of >= 128 tiles
-    ("fp8_per_token_head", 81920, 1),    # … and so does fp8 (PG_DUAL_DEFAULT)
+    ("int4_per_token_head", 40000, 1),   # int4 takes the dual ring only over parts of >= 128 tiles
+    ("fp8_per_token_head", 40000, 1),    # … and so does fp8 (PG_DUAL_DEFAULT)
 ])
 def test_paged_default_cta_form(rng, fmt, kv_len, halves, monkeypatch):
     """With KVLAB_DECODE_PAGED_DUAL unset the plan picks the paged decode's CTA form (session 18):
