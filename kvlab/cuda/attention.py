@@ -32,7 +32,11 @@ plan/run:
     per-head kernel's tile math (the first stages are copied before the query prologue; two
     stages when a stage is ≥ 32 KB, ``KVLAB_DECODE_PAGED_NBUF`` caps them; in a grid of one
     wave of two CTAs per SM the first-wave splits are longer, ``_wave_weighted``; a ragged batch's
-    splits are re-drawn over every resident slot, ``_slot_filled``). It applies on
+    splits are re-drawn over every resident slot, ``_slot_filled``). Two CTA forms: two CTAs
+    per SM, or the dual-ring CTA (``paged_halves`` 2: one CTA per SM whose two halves each run
+    that pipeline, with a ring of their own, over half of the item's chunks), which the plan
+    takes for the formats of ``PG_DUAL_DEFAULT`` where its list is modelled no slower
+    (``_dual_pays``; ``KVLAB_DECODE_PAGED_DUAL=0|1`` forces one). It applies on
     sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
     at least two stages fit the device's shared memory; otherwise the plan falls back to
     ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
