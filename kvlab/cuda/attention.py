@@ -224,7 +224,7 @@ def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain
     """Whether the dual-ring CTA's list (``dual``, one slot per SM) is modelled no slower than the
     two-per-SM list (``two``) of the same batch (``_list_time``). Uniform batches: its parts are
     as long as an SM's pair of parts, so its measured gain decides (int8 B = 32 × 8k: 55.4 against
-    57.9 tiles). A ragged batch whose short sequences run unsplit leaves an SM idle behind each
+    59.0 tiles). A ragged batch whose short sequences run unsplit leaves an SM idle behind each
     (one slot per SM): there the two-per-SM list wins (40 × 300 + 4 × 60k tokens: 71 against
     ~55; measured on the H200: dual +6 %, session 18). Parts shorter than ``min_tiles``
     (``PG_DUAL_DEFAULT``) do not repay the dual ring's longer prologue."""
@@ -863,7 +863,8 @@ def _slot_filled(items: np.ndarray, n_sm: int, capacity: int, weight: float, min
     (``red`` rows: seq, tok0, part0, nparts, as ``_work_list``), or None when the work list is
     more than one wave, the GPU holds fewer than two CTAs per SM and ``weight`` is not 1, or
     nothing is split (then ``_wave_weighted`` applies). With ``weight`` 1 (the dual-ring CTA, one
-    per SM: no first-placed partner to weigh) every slot is alike and any capacity is filled. ``slack`` slots are left empty (``KVLAB_DECODE_FILL_SLACK``).
+    per SM: no first-placed partner to weigh) every slot is alike and any capacity is filled.
+    ``slack`` slots are left empty (``KVLAB_DECODE_FILL_SLACK``).
     A list of at most ``n_sm`` CTAs is filled too (its SMs would
     otherwise stream with one CTA each); if it stays that short, no part is heavy.
     """
