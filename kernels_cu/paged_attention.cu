@@ -1370,11 +1370,12 @@ struct PagedTile {
   static constexpr int CPT = TT / 16;                       // 16-token chunks per stage
 };
 
-// NH = 2, the dual-ring CTA (d ≤ 128; the plan's KVLAB_DECODE_PAGED_DUAL, docs/perf-notes.md
-// "Session 17"): one CTA per SM with 2·ny warps in two halves, each half a whole paged decode of
-// its own — its ring of nbuf stages, its barriers, its producer thread (lane 0 of its first
-// warp) — over its half of the item's chunks (the first ceil(nch / 2) rounded up to whole
-// stages, and the rest); the epilogue merges the two halves' softmax states per column group.
+// NH = 2, the dual-ring CTA (d ≤ 128; chosen by the plan per format and batch, _dual_pays, or
+// forced by KVLAB_DECODE_PAGED_DUAL; docs/perf-notes.md "Session 17", "Session 18"): one CTA
+// per SM with 2·ny warps in two halves, each half a whole paged decode of its own — its ring
+// of nbuf stages, its barriers, its producer thread (lane 0 of its first warp) — over its half
+// of the item's chunks (the first ceil(nch / 2) rounded up to whole stages, and the rest); the
+// epilogue merges the two halves' softmax states per column group.
 // The halves run out of phase as two CTAs of an SM do, but they start together and are placed
 // together, so the work list does not guess which of two CTAs the warp schedulers favour.
 template <int FMT, int D, typename T, int NH = 1>
