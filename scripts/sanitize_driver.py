@@ -82,6 +82,7 @@ def main() -> int:
                         for window in (None, 5):
                             kvlab.paged_attention(q, cache, t(bt), t(seq_lens), t(qsl), fmt, sliding_window=window)
                 os.environ.pop("KVLAB_DECODE_VARIANT")
+                os.environ.pop("KVLAB_DECODE_PAGED_DUAL")
                 os.environ.pop("KVLAB_PREFILL_VARIANT")
                 # decode batch with a long-ish context: the split-KV path and its reduction
                 nb2 = 40

@@ -113,7 +113,7 @@ def test_paged_halves_env(monkeypatch):
     from kvlab.cuda import attention as A
 
     monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
-    assert [A._paged_halves(c, 128) for c in range(5)] == [2 if c in A.PG_DUAL_DEFAULT_CODES and c in A.PG_DUAL_CODES
+    assert [A._paged_halves(c, 128) for c in range(5)] == [2 if c in A.PG_DUAL_DEFAULT and c in A.PG_DUAL_CODES
                                                             else 1 for c in range(5)]
     monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1")
     assert [A._paged_halves(c, 128) for c in (0, 1, 2, 3, 4)] == [1, 2, 2, 2, 2]

@@ -116,7 +116,6 @@ PG_DUAL_HEAD_SIZES = (64, 128)      # … and head sizes (NH = 2 needs 2·ny war
 #         B = 32 × 8k, +4.7 % at batch 1 × 128k (66 tiles); 3 stages flat;
 #   nvfp4 (d = 128): +1 … +7 % everywhere: two CTAs per SM.
 PG_DUAL_DEFAULT = {1: (0.05, 16, 2), 2: (0.02, 128, 3), 3: (0.02, 128, 2)}
-PG_DUAL_DEFAULT_CODES = tuple(PG_DUAL_DEFAULT)
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
@@ -185,20 +184,20 @@ def _paged_halves(code: int, d: int) -> int:
     """Halves of the paged decode kernel's CTA: 2 (the dual-ring CTA, one per SM, two halves of
     ``ny`` warps that each decode half of the item's chunks from a ring of their own, ``NH = 2``
     in paged_attention.cu) or 1 (two CTAs per SM). ``KVLAB_DECODE_PAGED_DUAL`` = ``1`` / ``0``
-    picks for every format; unset, the formats of ``PG_DUAL_DEFAULT_CODES`` are candidates, and
+    picks for every format; unset, the formats of ``PG_DUAL_DEFAULT`` are candidates, and
     the plan keeps the dual ring only where its work list is modelled no slower (``_dual_pays``).
     Formats and head sizes without a dual-ring instantiation (auto, d = 256) always get 1. Read
     when a plan is built."""
     env = os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"KVLAB_DECODE_PAGED_DUAL: expected 0 or 1, got {env!r}")
-    dual = code in PG_DUAL_DEFAULT_CODES if env == "" else env == "1"
+    dual = code in PG_DUAL_DEFAULT if env == "" else env == "1"
     return 2 if dual and code in PG_DUAL_CODES and d in PG_DUAL_HEAD_SIZES else 1
 
 
 def _dual_forced() -> bool:
     """Whether ``KVLAB_DECODE_PAGED_DUAL`` picks the CTA form (set) or the plan does (unset: the
-    dual ring for ``PG_DUAL_DEFAULT_CODES`` where ``_dual_pays``)."""
+    dual ring for the formats of ``PG_DUAL_DEFAULT`` where ``_dual_pays``)."""
     return os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip() != ""
 
 
