@@ -7,10 +7,11 @@ variable read when a plan is built, e.g. the paged decode's CTA forms
 default work list).
 
     python3 scripts/decode_fill_ab.py [--repeats 30] [--out DIR] [--ab VAR=A/B] [--only CASES]
+                                      [--shape HQ/HKV/D] [--formats F1,F2]
 
-Cases (32/8 heads, d = 128, block 16, shuffled blocks): the issue-4 targets (B = 32 × 8k,
-batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, and two ragged batches (lengths below),
-int4 and int8. Each case builds its cache once, plans it both ways (the switch is read when the
+Cases (32/8 heads, d = 128 unless ``--shape``, block 16, shuffled blocks): the issue-4 targets
+(B = 32 × 8k, batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, and two ragged batches
+(lengths below), int4 and int8 (``--formats``: these formats for every case). Each case builds its cache once, plans it both ways (the switch is read when the
 plan is built), and times the two plans alternately (A B A B, ``bench_ms``, cold L2); it also
 checks that the two outputs agree (relative L2 < 1e-2: the same attention, cut differently; the
 float64 comparison is the GPU tests' job). Prints a Markdown table, writes it with a JSON.
@@ -30,7 +31,6 @@ RAGGED = {
     "ragged 16 × 2k … 32k": list(range(2000, 32001, 2000)),
 }
 FORMATS = ("int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head")
-HQ, HKV, D = 32, 8, 128
 
 
 def main() -> int:
@@ -40,7 +40,18 @@ def main() -> int:
     ap.add_argument("--only", default="", help="comma-separated substrings of case names (e.g. 'B=32,ragged')")
     ap.add_argument("--ab", default="KVLAB_DECODE_SLOT_FILL=0/2",
                     help="VAR=A/B: the two settings compared (default: the work list, =0 against =2)")
+    ap.add_argument("--shape", default="32/8/128", help="HQ/HKV/D: query heads, KV heads, head size")
+    ap.add_argument("--formats", default="", help="comma-separated formats for every case "
+                    "(default: all four for the target cases, int4 and int8 for the ragged ones)")
     args = ap.parse_args()
+    try:
+        HQ, HKV, D = (int(x) for x in args.shape.split("/"))
+    except ValueError:
+        ap.error(f"--shape: expected HQ/HKV/D, got {args.shape!r}")
+    fmts = tuple(f for f in args.formats.split(",") if f)
+    bad = [f for f in fmts if f not in FORMATS]
+    if bad:
+        ap.error(f"--formats: unknown {bad}, choose from {FORMATS}")
     var, _, vals = args.ab.partition("=")
     va, _, vb = vals.partition("/")
     if not var or not va or not vb:
@@ -53,10 +64,11 @@ def main() -> int:
     from kvlab.bench.timing import bench_ms
     from kvlab.cuda.attention import plan_paged_attention
 
-    cases = [(f"B={b} L={c}", [c] * b, f) for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in FORMATS]
-    cases += [("B=1 L=32768", [32768], f) for f in FORMATS[::2]]
-    cases += [(name, lens, f) for name, lens in RAGGED.items() for f in FORMATS[::2]]
-    lines = [f"| case | format | CTAs {va} / {vb} | ms, {var}={va} | ms, {var}={vb} | change | outputs rel L2 | "
+    cases = [(f"B={b} L={c}", [c] * b, f) for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in fmts or FORMATS]
+    cases += [("B=1 L=32768", [32768], f) for f in fmts or FORMATS[::2]]
+    cases += [(name, lens, f) for name, lens in RAGGED.items() for f in fmts or FORMATS[::2]]
+    lines = [f"{HQ}/{HKV} heads, d = {D}", "",
+             f"| case | format | CTAs {va} / {vb} | ms, {var}={va} | ms, {var}={vb} | change | outputs rel L2 | "
              f"lists filled {va} / {vb} | default (unset) |",
              "|---|---|---|---|---|---|---|---|---|"]
     if args.only:

@@ -93,6 +93,8 @@ def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
     (4, 128, 8, 2, 3),   # nvfp4: 36,864 B stages, 2 × 3 fit (221,184 B)
     (1, 128, 8, 2, 3),   # int8: 33,792 B stages
     (2, 128, 8, 3, 3),   # fp8: the same stages, 3 per ring by default (PG_DUAL_DEFAULT, session 18)
+    (2, 64, 8, 2, 3),    # fp8 at d = 64: 34,816 B stages, 2 per ring (3 were fitted at d = 128 only)
+    (4, 64, 3, 4, 4),    # nvfp4, 9/3 heads: 7,680 B stages, not big: the 4-stage cap
     (3, 64, 3, 4, 4),    # the shipped model's shape: 6,912 B stages, the 4-stage cap
 ])
 def test_paged_dual_stage_count(h200, monkeypatch, code, d, h, expect, fit):
@@ -113,8 +115,12 @@ def test_paged_halves_env(monkeypatch):
     from kvlab.cuda import attention as A
 
     monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
-    assert [A._paged_halves(c, 128) for c in range(5)] == [2 if c in A.PG_DUAL_DEFAULT and c in A.PG_DUAL_CODES
-                                                            else 1 for c in range(5)]
+    for d in (64, 128, 256):
+        assert [A._paged_halves(c, d) for c in range(5)] == [
+            2 if (c, d) in A.PG_DUAL_DEFAULT and c in A.PG_DUAL_CODES and d in A.PG_DUAL_HEAD_SIZES else 1
+            for c in range(5)]
+    assert [A._paged_halves(c, 128) for c in range(5)] == [1, 2, 2, 2, 1]   # nvfp4: two CTAs per SM
+    assert [A._paged_halves(c, 64) for c in range(5)] == [1, 2, 2, 1, 2]    # int4: two CTAs per SM
     monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1")
     assert [A._paged_halves(c, 128) for c in (0, 1, 2, 3, 4)] == [1, 2, 2, 2, 2]
     assert A._paged_halves(3, 64) == 2 and A._paged_halves(3, 256) == 1
@@ -155,14 +161,40 @@ def test_dual_pays_where_measured(code, seq_lens, dual):
     two = A._paged_list(qsl, sl, 2, 0, 264, None, 1, 132)
     dl = A._paged_list(qsl, sl, 2, 0, 132, None, 2, 132)
     assert dl[3] == 1.0                      # the dual ring's list is never weighted
-    gain, min_tiles, _ = A.PG_DUAL_DEFAULT[code]
+    gain, min_tiles, _, min_per_sm = A.PG_DUAL_DEFAULT[code, 128]
+    assert min_per_sm == 1
     assert A._dual_pays(two[0], dl[0], 132, A.PG_WAVE_WEIGHT, gain, min_tiles) == dual
+    assert A._dual_default(code, 128, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, 1) == dual
     # the model's pieces: a dual CTA runs at its SM's whole rate, shared by per_sm of them
     t = A._list_time(dl[0], 132, 1.2, 2, 0.05)
     assert A._list_time(dl[0], 132, 1.2, 2, 0.05, per_sm=2) == pytest.approx(
         max(2 * t, A._row_tiles(dl[0]).sum() / 132 / 2.2 / 1.05))
     # never faster than all tiles spread evenly over the SMs at their whole rate
     assert A._list_time(dl[0], 132, 1.2, 2, 0.0) >= A._row_tiles(dl[0]).sum() / 132 / 2.2 - 1e-9
+
+
+@pytest.mark.parametrize("code, hkv, seq_lens, dual", [
+    # head size 64 (session 18, call 3: both forms measured on the H200; dual-ring Δ in brackets)
+    (1, 3, [8192], True), (1, 3, [131072], True), (1, 3, [8192] * 32, True),          # −13.5 / −5.2 / −0.1 %
+    (2, 3, [8192], True), (2, 3, [131072], True), (2, 3, [8192] * 32, True),          # −13.1 / −5.9 / −2.6 %
+    (1, 8, [8192], True), (1, 8, [131072], True), (1, 8, [8192] * 32, True),          # −3.6 / −3.8 / −1.9 %
+    (2, 8, [8192], True), (2, 8, [131072], True), (2, 8, [8192] * 32, True),          # −6.6 / −3.6 / −2.9 %
+    (4, 3, [8192], True), (4, 3, [131072], True), (4, 3, [8192] * 32, True),          # −10.3 / −23.2 / −10.5 %
+    (4, 8, [131072], False), (4, 8, [8192] * 32, False),   # +5.8 / +2.0 %: one dual-ring CTA per SM
+    (3, 3, [8192] * 32, False), (3, 8, [131072], False),   # int4: +10.3 / +4.2 % (not a candidate)
+])
+def test_dual_default_head_size_64(code, hkv, seq_lens, dual):
+    """The plan's default CTA form at d = 64 (``_dual_default``): 9/3 heads put two dual-ring CTAs
+    (6 warps) or four two-per-SM CTAs (3 warps) on an SM, 32/8 one or two (H200: 132 SMs)."""
+    from kvlab.cuda import attention as A
+
+    sl = np.asarray(seq_lens)
+    qsl = np.arange(len(sl) + 1)
+    per_sm = 2 if hkv == 3 else 1
+    two = A._paged_list(qsl, sl, 2, 0, 2 * per_sm * 132, None, 1, 132)
+    dl = A._paged_list(qsl, sl, 2, 0, per_sm * 132, None, 2, 132)
+    assert A._dual_default(code, 64, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm) == dual
+    assert not A._dual_default(code, 256, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm)
 
 
 def test_paged_stage_cap_env(h200, monkeypatch):

@@ -35,8 +35,8 @@ plan/run:
     splits are re-drawn over every resident slot, ``_slot_filled``). Two CTA forms: two CTAs
     per SM, or the dual-ring CTA (``paged_halves`` 2: one CTA per SM whose two halves each run
     that pipeline, with a ring of their own, over half of the item's chunks), which the plan
-    takes for the formats of ``PG_DUAL_DEFAULT`` where its list is modelled no slower
-    (``_dual_pays``; ``KVLAB_DECODE_PAGED_DUAL=0|1`` forces one). It applies on
+    takes for the (format, head size) pairs of ``PG_DUAL_DEFAULT`` where its list is modelled no
+    slower (``_dual_default``; ``KVLAB_DECODE_PAGED_DUAL=0|1`` forces one). It applies on
     sm_90+ when ``num_kv_heads · G / hpc ≤ 8`` and
     at least two stages fit the device's shared memory; otherwise the plan falls back to
     ``"per_head"`` and says why in ``AttentionPlan.decode_variant_note``.
@@ -103,19 +103,33 @@ PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffe
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 PG_DUAL_CODES = (1, 2, 3, 4)        # formats with a dual-ring paged-decode CTA (auto: two rings do not fit at d = 128)
 PG_DUAL_HEAD_SIZES = (64, 128)      # … and head sizes (NH = 2 needs 2·ny warps of ≤ 128 registers)
-# KVLAB_DECODE_PAGED_DUAL unset: the formats that may get the dual-ring CTA (_paged_halves), each
-# with (gain, min_tiles, nbuf): how much the dual ring raises an SM's decode rate over two CTAs per
-# SM (_dual_pays), the shortest longest-part (16-token tiles) over which it repays its ~2 µs longer
-# prologue (sixteen warps stage their queries at once), and its stages per ring. Measured on the
-# H200 (session 18, calls 1–3, docs/perf-notes.md; the full decode grid both ways):
+# KVLAB_DECODE_PAGED_DUAL unset: the (format code, head size) pairs that may get the dual-ring CTA
+# (_paged_halves), each with (gain, min_tiles, nbuf, min_per_sm): how much the dual ring raises an
+# SM's decode rate over two CTAs per SM (_dual_pays), the shortest longest-part (16-token tiles) over
+# which it repays its ~2 µs longer prologue (sixteen warps stage their queries at once), its stages
+# per ring (big stages; small ones get PG_MAXBUF), and how many dual-ring CTAs must share an SM.
+# Measured on the H200 (session 18, calls 1–3, docs/perf-notes.md; the full decode grid both ways,
+# benchmarks/latest/decode/variants_session18/call3_grid_dual_vs_two.md):
+#   d = 128 (32/8 heads: one dual-ring CTA per SM)
 #   int8: −5 … −7 % at B = 32 × 8k, 64 × 4k, batch 1 × 128k, −10 … −16 % at 32k–128k contexts
 #         (1.03× the read floor); 8-tile parts +5 … +10 %, 16–17 tiles −2 … −4 %;
 #   fp8:  −0.5 … −2 % with 2 stages per ring, −2.2 … −2.6 % more with 3 (B = 32 × 8k, 64 × 4k);
 #         parts of ≤ 66 tiles +1 … +23 %;
 #   int4: −2 … −6 % over parts of ≥ 128 tiles at 64 × 4k and 32k–128k contexts, −0.1 … −1.3 % at
 #         B = 32 × 8k, +4.7 % at batch 1 × 128k (66 tiles); 3 stages flat;
-#   nvfp4 (d = 128): +1 … +7 % everywhere: two CTAs per SM.
-PG_DUAL_DEFAULT = {1: (0.05, 16, 2), 2: (0.02, 128, 3), 3: (0.02, 128, 2)}
+#   nvfp4: +1 … +7 % everywhere: two CTAs per SM.
+#   d = 64 (six rows: 9/3 heads, the shipped model's, where two dual-ring CTAs of 6 warps share an
+#   SM against four of 3, and 32/8; batch 1 × 8k, 1 × 128k, 32 × 8k)
+#   int8 / fp8: faster in all six rows (−0.1 … −13.5 %; fp8 with 2 stages per ring). The model
+#         prices the 9/3 rows +3 … +9 % against the dual ring (it counts the four small CTAs of
+#         an SM at the two-per-SM rate), hence the gain of 0.15 and no tile minimum;
+#   nvfp4: 9/3 −10 … −23 %, 32/8 −5 / +5.8 / +2.0 % (the one-per-SM loss of d = 128): a candidate
+#         only where two dual-ring CTAs share an SM (min_per_sm 2);
+#   int4: −9 / −4 / +10 % (9/3), 0 / +4.2 / −1.7 % (32/8): no rule, two CTAs per SM.
+PG_DUAL_DEFAULT = {
+    (1, 128): (0.05, 16, 2, 1), (2, 128): (0.02, 128, 3, 1), (3, 128): (0.02, 128, 2, 1),
+    (1, 64): (0.15, 0, 2, 1), (2, 64): (0.15, 0, 2, 1), (4, 64): (0.15, 0, 2, 2),
+}
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
@@ -184,20 +198,20 @@ def _paged_halves(code: int, d: int) -> int:
     """Halves of the paged decode kernel's CTA: 2 (the dual-ring CTA, one per SM, two halves of
     ``ny`` warps that each decode half of the item's chunks from a ring of their own, ``NH = 2``
     in paged_attention.cu) or 1 (two CTAs per SM). ``KVLAB_DECODE_PAGED_DUAL`` = ``1`` / ``0``
-    picks for every format; unset, the formats of ``PG_DUAL_DEFAULT`` are candidates, and
+    picks for every format; unset, the (format, head size) pairs of ``PG_DUAL_DEFAULT`` are candidates, and
     the plan keeps the dual ring only where its work list is modelled no slower (``_dual_pays``).
     Formats and head sizes without a dual-ring instantiation (auto, d = 256) always get 1. Read
     when a plan is built."""
     env = os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"KVLAB_DECODE_PAGED_DUAL: expected 0 or 1, got {env!r}")
-    dual = code in PG_DUAL_DEFAULT if env == "" else env == "1"
+    dual = (code, d) in PG_DUAL_DEFAULT if env == "" else env == "1"
     return 2 if dual and code in PG_DUAL_CODES and d in PG_DUAL_HEAD_SIZES else 1
 
 
 def _dual_forced() -> bool:
     """Whether ``KVLAB_DECODE_PAGED_DUAL`` picks the CTA form (set) or the plan does (unset: the
-    dual ring for the formats of ``PG_DUAL_DEFAULT`` where ``_dual_pays``)."""
+    dual ring for the (format, head size) pairs of ``PG_DUAL_DEFAULT`` where ``_dual_default``)."""
     return os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip() != ""
 
 
@@ -232,6 +246,18 @@ def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain
     return _list_time(dual, n_sm, weight, 2, gain, per_sm) <= _list_time(two, n_sm, weight, 1)
 
 
+def _dual_default(code: int, d: int, two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float,
+                  per_sm: int) -> bool:
+    """The plan's default CTA form where ``KVLAB_DECODE_PAGED_DUAL`` is unset: the dual ring (True)
+    for a (format, head size) pair of ``PG_DUAL_DEFAULT`` whose dual-ring CTAs are at least
+    ``min_per_sm`` to an SM (``per_sm`` of them are resident) and whose list ``_dual_pays`` with the
+    pair's gain and tile minimum; two CTAs per SM (False) otherwise."""
+    if (code, d) not in PG_DUAL_DEFAULT:
+        return False
+    gain, min_tiles, _, min_per_sm = PG_DUAL_DEFAULT[code, d]
+    return per_sm >= min_per_sm and _dual_pays(two, dual, n_sm, weight, gain, min_tiles, per_sm)
+
+
 def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh: int = 1) -> tuple[int, str]:
     """Stage buffers for the paged decode kernel on this device (0 and the reason if it cannot run).
 
@@ -259,8 +285,8 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
             raise ValueError(f"KVLAB_DECODE_PAGED_NBUF: 2 … {PG_MAXBUF}, got {cap!r}")
     if cap:
         cap = int(cap)
-    elif nh == 2 and code in PG_DUAL_DEFAULT:   # the dual ring's stages per ring, by format
-        cap = PG_DUAL_DEFAULT[code][2] if stage >= PG_BIG_STAGE else PG_MAXBUF
+    elif nh == 2 and (code, d) in PG_DUAL_DEFAULT:   # the dual ring's stages per ring
+        cap = PG_DUAL_DEFAULT[code, d][2] if stage >= PG_BIG_STAGE else PG_MAXBUF
     else:
         cap = PG_BIG_STAGE_NBUF if stage >= PG_BIG_STAGE else PG_MAXBUF
     for ctas in ((2, 1) if d <= 128 and nh == 1 else (1,)):
@@ -1092,16 +1118,15 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         capacity = _resident_paged_ctas(_paged_spec(code, d, qd, nh), dev, ny * nh, paged_smem)
         lst = _paged_list(qsl_dec, sl_h, tpc, window, capacity, num_splits, nh, _device_props(dev)[0])
         if nh == 2 and not _dual_forced() and num_splits is None:
-            # the dual ring by default only where its list is modelled no slower (_dual_pays)
+            # the dual ring by default only where its list is modelled no slower (_dual_default)
             nbuf1, note1 = _paged_buffers(code, d, Hkv, ny, dev)
             if nbuf1:
                 smem1 = paged_smem_bytes(code, d, Hkv, ny, nbuf1)
                 cap1 = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, smem1)
                 n_sm = _device_props(dev)[0]
                 lst1 = _paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm)
-                gain, min_tiles, _ = PG_DUAL_DEFAULT[code]
-                if not _dual_pays(lst1[0], lst[0], n_sm, _wave_weight(), gain, min_tiles,
-                                  max(1, capacity // n_sm)):
+                if not _dual_default(code, d, lst1[0], lst[0], n_sm, _wave_weight(),
+                                     max(1, capacity // n_sm)):
                     nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, lst1
         items, red, n_parts, wave_weight, slot_fill = lst
     else:
