@@ -251,10 +251,11 @@ __device__ __forceinline__ void stage_query_column(
 // each lane holding E = D / LPC consecutive elements. The loads are 16-byte vectors, and the
 // rotation, the maximum and the sums reduce over log2(LPC) shuffle levels instead of five, with
 // every column of a pass in flight at once, so the prologue is one dependent chain instead of
-// NCOL (docs/perf-notes.md, "Session 11").
-template <int D, typename T>
+// NCOL (docs/perf-notes.md, "Session 11"). LPC_: another lane count (the dual-ring CTA's split
+// staging, -DKVLAB_DECODE_DUAL_SPLIT_STAGING: 8 lanes per column, each half one pass of four).
+template <int D, typename T, int LPC_ = (D <= 128 ? 4 : 8)>
 struct QCols {
-  static constexpr int LPC = D <= 128 ? 4 : 8;     // lanes per column
+  static constexpr int LPC = LPC_;                 // lanes per column
   static constexpr int CPP = 32 / LPC;             // columns per pass
   static constexpr int PASSES = NCOL / CPP;
   static constexpr int E = D / LPC;                // elements per lane: 16 or 32
@@ -268,12 +269,12 @@ struct QCols {
 // D·2 bytes is a multiple of 16), element loads otherwise. Issued apart from the math so that
 // the paged kernel can put them ahead of its first bulk copies (the q rows then do not queue
 // behind the ring's first stages at the DRAM).
-template <int D, typename T>
+template <int D, typename T, int LPC_ = QCols<D, T>::LPC>
 __device__ __forceinline__ void load_query_columns(const T* __restrict__ q, int pass, int tok0,
                                                    int hpc, int tpc, int qs, int Lq,
                                                    int num_q_heads, int qhead0, int lane,
-                                                   uint4 (&w)[QCols<D, T>::NV]) {
-  using QC = QCols<D, T>;
+                                                   uint4 (&w)[QCols<D, T, LPC_>::NV]) {
+  using QC = QCols<D, T, LPC_>;
   const int l = lane % QC::LPC;
   const int n = pass * QC::CPP + lane / QC::LPC;
   const int tok = tok0 + n / hpc;
@@ -306,27 +307,30 @@ __device__ __forceinline__ void load_query_columns(const T* __restrict__ q, int 
 // load their own). Writes per column n what stage_query_column writes: row n of q_sm ([NCOL][D]
 // 16-bit), qsum[n], qoff[n], cscale[n], qpos[n]. For int4 the values are bit-identical to it
 // (the butterflies run in the same order, the sums are integers); for the other formats qsum
-// and qoff are float sums in another order (they agree to rounding).
-template <int FMT, int D, typename T>
+// and qoff are float sums in another order (they agree to rounding). LPC_, pass0, npass: the
+// dual-ring CTA's split staging stages pass `pass0` only (w0 its raw words) with 8 lanes per
+// column, each half of the CTA one pass of four columns.
+template <int FMT, int D, typename T, int LPC_ = QCols<D, T>::LPC>
 __device__ __forceinline__ void stage_query_columns(
-    const T* __restrict__ q, const uint4 (&w0)[QCols<D, T>::NV], int tok0, int hpc, int tpc,
+    const T* __restrict__ q, const uint4 (&w0)[QCols<D, T, LPC_>::NV], int tok0, int hpc, int tpc,
     int qs, int Lq, int L, int num_q_heads, int qhead0, float scale_log2, int lane,
-    uint16_t* q_sm, float* qsum, float* qoff, float* cscale, int* qpos) {
+    uint16_t* q_sm, float* qsum, float* qoff, float* cscale, int* qpos, int pass0 = 0,
+    int npass = QCols<D, T, LPC_>::PASSES) {
   using CTQ = typename Traits<FMT, D, T>::CT_QK;
-  using QC = QCols<D, T>;
+  using QC = QCols<D, T, LPC_>;
   constexpr int LPC = QC::LPC, E = QC::E, NV = QC::NV;
   const int l = lane % LPC;
 #pragma unroll 1
-  for (int pass = 0; pass < QC::PASSES; ++pass) {
+  for (int pass = pass0; pass < pass0 + npass; ++pass) {
     const int n = pass * QC::CPP + lane / LPC;
     const int tok = tok0 + n / hpc;
     const bool valid = (n < tpc * hpc) && (tok < Lq);
     uint4 w[NV];
-    if (pass == 0) {
+    if (pass == pass0) {
 #pragma unroll
       for (int v = 0; v < NV; ++v) w[v] = w0[v];
     } else {
-      load_query_columns<D, T>(q, pass, tok0, hpc, tpc, qs, Lq, num_q_heads, qhead0, lane, w);
+      load_query_columns<D, T, LPC_>(q, pass, tok0, hpc, tpc, qs, Lq, num_q_heads, qhead0, lane, w);
     }
     float x[E];
 #pragma unroll
@@ -1327,6 +1331,9 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most (per ring)
 // to kvlab_decode_timeline[blockIdx.x · 24 + …] — and, in the dual-ring CTA (NH = 2), the
 // globaltimer at the end of half 1's loop (word 23; half 0's is mark 3). Outputs stay correct; the
 // default build has none of it.
+#if defined(KVLAB_DECODE_DUAL_SPLIT_STAGING) && (defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) || defined(KVLAB_DECODE_NO_EARLY_ISSUE) || defined(KVLAB_DECODE_DUAL_CTA_BARRIER))
+#error "KVLAB_DECODE_DUAL_SPLIT_STAGING replaces the joint query staging, the early issue's layout and the dual ring's prologue barrier: build it alone"
+#endif
 #if defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) && defined(KVLAB_DECODE_LATE_QUERY_LOADS)
 #error "KVLAB_DECODE_LATE_QUERY_LOADS moves the loads of the joint query staging, which KVLAB_DECODE_SERIAL_QUERY_COLUMNS replaces: name one"
 #endif
@@ -1418,6 +1425,17 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   uint64_t* const full_bar = full_bars[half];
   uint64_t* const empty_bar = empty_bars[half];
   const bool producer = tid == half * ny * 32;
+  // -DKVLAB_DECODE_DUAL_SPLIT_STAGING (measurement; docs/perf-notes.md "Session 18"): the dual-ring
+  // CTA stages each column group's queries once, half 0 columns 0-3 and half 1 columns 4-7 with 8
+  // lanes per column, into one staging after both rings, read by both halves after a CTA barrier
+  // (instead of each half staging all 8 columns into its own ring)
+#ifdef KVLAB_DECODE_DUAL_SPLIT_STAGING
+  constexpr bool SPLIT_Q = NH == 2;
+#else
+  constexpr bool SPLIT_Q = false;
+#endif
+  constexpr int QLPC = SPLIT_Q ? 8 : QCols<D, T>::LPC;   // lanes per staged query column
+  const int QPASS0 = SPLIT_Q ? half : 0;                  // the first (split: only) staging pass
   const int* it = items + ITEM * blockIdx.x;
 #ifndef KVLAB_DECODE_NO_ITEM_META
   // The item's row carries the sequence's metadata and its first chunks' blocks (ITEM): the
@@ -1452,9 +1470,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #ifndef KVLAB_DECODE_SERIAL_QUERY_COLUMNS
   // this warp's query rows of the first pass, loaded before anything else (see
   // load_query_columns); -DKVLAB_DECODE_LATE_QUERY_LOADS loads them after the first copies
-  uint4 qw0[QCols<D, T>::NV];
+  uint4 qw0[QCols<D, T, QLPC>::NV];
 #ifndef KVLAB_DECODE_LATE_QUERY_LOADS
-  load_query_columns<D, T>(q, 0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, qw0);
+  load_query_columns<D, T, QLPC>(q, QPASS0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc,
+                                 lane, qw0);
 #endif
 #endif
   // each ring's barriers initialized by its own producer, the thread that arms them next (in the
@@ -1544,13 +1563,16 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   constexpr int q_off = 0;
   const int q_buf = 0;
 #else
-  const int q_off = max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
-  const int q_buf = q_off / stage_sm;   // the first buffer the q staging overlaps
+  // split staging: one staging per CTA after both rings (paged_smem_bytes), every stage issued now
+  const int q_off = SPLIT_Q ? NH * nbuf * stage_sm : max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
+  const int q_buf = SPLIT_Q ? nbuf : q_off / stage_sm;   // the first buffer the q staging overlaps
   if (producer)
     for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st, MaskTag<true>{});
 #endif
   KVLAB_TL_CLOCK(12);
-  uint16_t* q_sm = reinterpret_cast<uint16_t*>(ring + q_off) + static_cast<size_t>(cg) * NCOL * D;
+  uint16_t* q_sm = reinterpret_cast<uint16_t*>((SPLIT_Q ? dsm : ring) + q_off) +
+                   static_cast<size_t>(cg) * NCOL * D;
+  const int qrow_w = SPLIT_Q ? cg : warp;   // the row of qsum_sm … qpos_sm this warp's columns use
 #ifdef KVLAB_DECODE_SERIAL_QUERY_COLUMNS
   // the session-10 prologue: one column after the other, 32 lanes each (the timeline build
   // marks the start of each column: words 16 … 23)
@@ -1562,14 +1584,19 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
 #else
 #ifdef KVLAB_DECODE_LATE_QUERY_LOADS
-  load_query_columns<D, T>(q, 0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc, lane, qw0);
+  load_query_columns<D, T, QLPC>(q, QPASS0, tok0, hpc, tpc, qs, Lq, num_q_heads, kvh * G + hg * hpc,
+                                 lane, qw0);
 #endif
-  stage_query_columns<FMT, D, T>(q, qw0, tok0, hpc, tpc, qs, Lq, L, num_q_heads, kvh * G + hg * hpc,
-                                 scale_log2, lane, q_sm, qsum_sm[warp], qoff_sm[warp],
-                                 cscale_sm[warp], qpos_sm[warp]);
+  stage_query_columns<FMT, D, T, QLPC>(q, qw0, tok0, hpc, tpc, qs, Lq, L, num_q_heads,
+                                       kvh * G + hg * hpc, scale_log2, lane, q_sm, qsum_sm[qrow_w],
+                                       qoff_sm[qrow_w], cscale_sm[qrow_w], qpos_sm[qrow_w], QPASS0,
+                                       SPLIT_Q ? 1 : QCols<D, T, QLPC>::PASSES);
 #endif
   KVLAB_TL_CLOCK(13);
-  __syncwarp();
+  if constexpr (SPLIT_Q)
+    __syncthreads();   // column group cg's columns come from warps cg (0-3) and cg + ny (4-7)
+  else
+    __syncwarp();
   // Q operand (A fragment of head_tile_math, row g = column g), as the per-head kernel
   // packs it (written out in both kernels: see the note there)
   uint32_t qa[KC][2];
@@ -1583,9 +1610,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         qa[kk][p] = pack2(q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 0)],
                           q_sm[g * D + qk_dim<FMT, D>(c, kk, p, 1)]);
   }
-  const float qsum = qsum_sm[warp][g], qoff = qoff_sm[warp][g], cs = cscale_sm[warp][g];
+  const float qsum = qsum_sm[qrow_w][g], qoff = qoff_sm[qrow_w][g], cs = cscale_sm[qrow_w][g];
   const float kc = (FMT == NVFP4) ? 128.f * k_scale * cs : cs;
-  const int qpos = qpos_sm[warp][g];
+  const int qpos = qpos_sm[qrow_w][g];
   KVLAB_TL_CLOCK(14);
 
   // Chunks [tf0, tf1) need no bounds or mask test (as in the per-head kernel)
@@ -1611,8 +1638,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // the dual-ring CTA: each half waits for its own warps only (named barrier 1 + half), so a half
   // whose queries are staged starts its loop without waiting for the other's (the q staging, the
   // barriers and the ring of a half are its own). -DKVLAB_DECODE_DUAL_CTA_BARRIER: the CTA-wide
-  // barrier of session 17's form, for A/B.
-  if constexpr (NH == 2)
+  // barrier of session 17's form, for A/B. The split staging synchronized the CTA above already.
+  if constexpr (SPLIT_Q) {
+  } else if constexpr (NH == 2)
     named_bar_sync(1 + half, ny * 32);
   else
 #endif

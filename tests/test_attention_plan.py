@@ -603,3 +603,22 @@ def test_host_and_kernel_constants_agree():
     assert int(re.search(r"constexpr int ITEM = (\d+);", src).group(1)) == A.ITEM
     assert int(re.search(r"constexpr int ITEM_PRE = (\d+);", src).group(1)) == A.ITEM_PRE
     assert A.ITEM * 4 % 16 == 0 and A.ITEM >= 12 + A.ITEM_PRE   # 16-byte rows; blocks at 12 …
+
+
+def test_dual_split_staging_smem(h200, monkeypatch):
+    """-DKVLAB_DECODE_DUAL_SPLIT_STAGING (measurement build, session 18 branch): the dual-ring CTA's
+    one q staging sits after both rings, so its shared memory grows by ny · 8 · d · 2 bytes and
+    the deepest rings that fit are sized with it; other forms are unchanged."""
+    A = h200
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF", raising=False)
+    base2 = A.paged_smem_bytes(1, 128, 8, 8, 2, 2)
+    base1 = A.paged_smem_bytes(1, 128, 8, 8, 2)
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-lineinfo -DKVLAB_DECODE_DUAL_SPLIT_STAGING")
+    assert A._dual_split_staging()
+    assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == 2 * 2 * A.paged_stage_bytes(1, 128, 8) + 8 * 8 * 128 * 2
+    assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == base2 + 8 * 8 * 128 * 2
+    assert A.paged_smem_bytes(1, 128, 8, 8, 2) == base1
+    nbuf, _ = A._paged_buffers(2, 128, 8, 8, 0, 2)   # fp8's 3 stages per ring still fit with it
+    assert nbuf == 3 and A.paged_smem_bytes(2, 128, 8, 8, 3, 2) <= 227 * 1024 - 4096
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_DUAL_SPLIT_STAGINGX")
+    assert not A._dual_split_staging()

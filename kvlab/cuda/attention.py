@@ -186,12 +186,22 @@ def paged_stage_bytes(code: int, d: int, num_kv_heads: int) -> int:
     return 2 * (32 if row <= 80 else 16) * num_kv_heads * row
 
 
+def _dual_split_staging() -> bool:
+    """``-DKVLAB_DECODE_DUAL_SPLIT_STAGING`` in ``KVLAB_NVRTC_OPTIONS`` (a measurement build): the
+    dual-ring CTA stages its queries once, after both rings (``paged_smem_bytes``)."""
+    return "-DKVLAB_DECODE_DUAL_SPLIT_STAGING" in os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
+
+
 def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int, nbuf: int, nh: int = 1) -> int:
     """Dynamic shared memory of ``paged_attention_decode_paged`` with ``nh`` rings (2: the
     dual-ring CTA) of ``nbuf`` stage buffers; each ring holds its half's q staging
     (``ny · 8 · d · 2``) at its end before the loop, and the output rows of all ``nh · ny``
-    warps (``nh · ny · 8 · d · 4``) come after it, from the start."""
-    return max(nh * nbuf * paged_stage_bytes(code, d, num_kv_heads), nh * ny * NCOL * d * 4)
+    warps (``nh · ny · 8 · d · 4``) come after it, from the start. The dual ring's split staging
+    build (``_dual_split_staging``) keeps one q staging after both rings instead."""
+    rings = nh * nbuf * paged_stage_bytes(code, d, num_kv_heads)
+    if nh == 2 and _dual_split_staging():
+        rings += ny * NCOL * d * 2
+    return max(rings, nh * ny * NCOL * d * 4)
 
 
 def _paged_halves(code: int, d: int) -> int:
