@@ -252,7 +252,7 @@ __device__ __forceinline__ void stage_query_column(
 // rotation, the maximum and the sums reduce over log2(LPC) shuffle levels instead of five, with
 // every column of a pass in flight at once, so the prologue is one dependent chain instead of
 // NCOL (docs/perf-notes.md, "Session 11"). LPC_: another lane count (the dual-ring CTA's split
-// staging, -DKVLAB_DECODE_DUAL_SPLIT_STAGING: 8 lanes per column, each half one pass of four).
+// staging, KVLAB_DECODE_DUAL_SPLIT_STAGING: 8 lanes per column, each half one pass of four).
 template <int D, typename T, int LPC_ = (D <= 128 ? 4 : 8)>
 struct QCols {
   static constexpr int LPC = LPC_;                 // lanes per column
@@ -1331,7 +1331,18 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most (per ring)
 // to kvlab_decode_timeline[blockIdx.x · 24 + …] — and, in the dual-ring CTA (NH = 2), the
 // globaltimer at the end of half 1's loop (word 23; half 0's is mark 3). Outputs stay correct; the
 // default build has none of it.
-#if defined(KVLAB_DECODE_DUAL_SPLIT_STAGING) && (defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) || defined(KVLAB_DECODE_NO_EARLY_ISSUE) || defined(KVLAB_DECODE_DUAL_CTA_BARRIER))
+// The dual-ring CTA's split query staging (KVLAB_DECODE_DUAL_SPLIT_STAGING, the default since
+// session 19: docs/perf-notes.md "Session 19"). It replaces the joint staging's layout and the
+// prologue barrier per half, so the A/B switches of those (-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS,
+// -DKVLAB_DECODE_NO_EARLY_ISSUE, -DKVLAB_DECODE_DUAL_CTA_BARRIER) build without it, as does
+// -DKVLAB_DECODE_DUAL_JOINT_STAGING (session 18's dual ring, each half staging all 8 columns into
+// its own ring). kvlab/cuda/attention.py (_DUAL_JOINT_STAGING_MACROS) sizes shared memory by the
+// same rule.
+#if !defined(KVLAB_DECODE_DUAL_JOINT_STAGING) && !defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) && \
+    !defined(KVLAB_DECODE_NO_EARLY_ISSUE) && !defined(KVLAB_DECODE_DUAL_CTA_BARRIER)
+#define KVLAB_DECODE_DUAL_SPLIT_STAGING
+#endif
+#if defined(KVLAB_DECODE_DUAL_SPLIT_STAGING) && (defined(KVLAB_DECODE_DUAL_JOINT_STAGING) || defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) || defined(KVLAB_DECODE_NO_EARLY_ISSUE) || defined(KVLAB_DECODE_DUAL_CTA_BARRIER))
 #error "KVLAB_DECODE_DUAL_SPLIT_STAGING replaces the joint query staging, the early issue's layout and the dual ring's prologue barrier: build it alone"
 #endif
 #if defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) && defined(KVLAB_DECODE_LATE_QUERY_LOADS)
@@ -1425,10 +1436,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   uint64_t* const full_bar = full_bars[half];
   uint64_t* const empty_bar = empty_bars[half];
   const bool producer = tid == half * ny * 32;
-  // -DKVLAB_DECODE_DUAL_SPLIT_STAGING (measurement; docs/perf-notes.md "Session 18"): the dual-ring
+  // KVLAB_DECODE_DUAL_SPLIT_STAGING (the default; docs/perf-notes.md "Session 19"): the dual-ring
   // CTA stages each column group's queries once, half 0 columns 0-3 and half 1 columns 4-7 with 8
   // lanes per column, into one staging after both rings, read by both halves after a CTA barrier
-  // (instead of each half staging all 8 columns into its own ring)
+  // (-DKVLAB_DECODE_DUAL_JOINT_STAGING: each half stages all 8 columns into its own ring)
 #ifdef KVLAB_DECODE_DUAL_SPLIT_STAGING
   constexpr bool SPLIT_Q = NH == 2;
 #else

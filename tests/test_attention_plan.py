@@ -90,7 +90,7 @@ def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
 
 @pytest.mark.parametrize("code, d, h, expect, fit", [
     (3, 128, 8, 2, 3),   # int4: two rings of 34,816 B stages; 3 per ring fit in 223 KB (one CTA per SM), big: 2
-    (4, 128, 8, 2, 3),   # nvfp4: 36,864 B stages, 2 × 3 fit (221,184 B)
+    (4, 128, 8, 2, 2),   # nvfp4: 36,864 B stages, 2 × 3 + the q staging do not fit (237,568 B)
     (1, 128, 8, 2, 3),   # int8: 33,792 B stages
     (2, 128, 8, 3, 3),   # fp8: the same stages, 3 per ring by default (PG_DUAL_DEFAULT, session 18)
     (2, 64, 8, 2, 3),    # fp8 at d = 64: 34,816 B stages, 2 per ring (3 were fitted at d = 128 only)
@@ -103,7 +103,8 @@ def test_paged_dual_stage_count(h200, monkeypatch, code, d, h, expect, fit):
     monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF", raising=False)
     nbuf, note = A._paged_buffers(code, d, h, h, 0, 2)
     assert nbuf == expect, note
-    assert A.paged_smem_bytes(code, d, h, h, nbuf, 2) == max(2 * nbuf * A.paged_stage_bytes(code, d, h), 2 * h * 8 * d * 4)
+    assert A.paged_smem_bytes(code, d, h, h, nbuf, 2) == max(2 * nbuf * A.paged_stage_bytes(code, d, h) + h * 8 * d * 2,
+                                                               2 * h * 8 * d * 4)
     assert A.paged_smem_bytes(code, d, h, h, nbuf, 2) <= 227 * 1024 - 4096
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
     assert A._paged_buffers(code, d, h, h, 0, 2)[0] == fit
@@ -606,19 +607,39 @@ def test_host_and_kernel_constants_agree():
 
 
 def test_dual_split_staging_smem(h200, monkeypatch):
-    """-DKVLAB_DECODE_DUAL_SPLIT_STAGING (measurement build, session 18 branch): the dual-ring CTA's
-    one q staging sits after both rings, so its shared memory grows by ny · 8 · d · 2 bytes and
-    the deepest rings that fit are sized with it; other forms are unchanged."""
+    """The dual-ring CTA's one q staging sits after both rings (the split staging, the default since
+    session 19), so its shared memory is two rings plus ny · 8 · d · 2 bytes, and the deepest rings
+    that fit are sized with it (nvfp4 at d = 128: 2 stages per ring, not 3); the joint-staging
+    builds (_DUAL_JOINT_STAGING_MACROS) keep session 18's size; two CTAs per SM are unchanged."""
     A = h200
     monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF", raising=False)
-    base2 = A.paged_smem_bytes(1, 128, 8, 8, 2, 2)
-    base1 = A.paged_smem_bytes(1, 128, 8, 8, 2)
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-lineinfo -DKVLAB_DECODE_DUAL_SPLIT_STAGING")
+    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
     assert A._dual_split_staging()
-    assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == 2 * 2 * A.paged_stage_bytes(1, 128, 8) + 8 * 8 * 128 * 2
-    assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == base2 + 8 * 8 * 128 * 2
-    assert A.paged_smem_bytes(1, 128, 8, 8, 2) == base1
+    stage = A.paged_stage_bytes(1, 128, 8)
+    assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == 2 * 2 * stage + 8 * 8 * 128 * 2
+    base1 = A.paged_smem_bytes(1, 128, 8, 8, 2)
     nbuf, _ = A._paged_buffers(2, 128, 8, 8, 0, 2)   # fp8's 3 stages per ring still fit with it
     assert nbuf == 3 and A.paged_smem_bytes(2, 128, 8, 8, 3, 2) <= 227 * 1024 - 4096
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_DUAL_SPLIT_STAGINGX")
-    assert not A._dual_split_staging()
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
+    assert A._paged_buffers(4, 128, 8, 8, 0, 2)[0] == 2   # nvfp4: 2 × 3 × 36,864 B + 16 KB do not fit
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF")
+    for macro in A._DUAL_JOINT_STAGING_MACROS:
+        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", f"-lineinfo {macro}")
+        assert not A._dual_split_staging()
+        assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == max(2 * 2 * stage, 2 * 8 * 8 * 128 * 4)
+        assert A.paged_smem_bytes(1, 128, 8, 8, 2) == base1
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_DUAL_JOINT_STAGINGX")
+    assert A._dual_split_staging()
+
+
+def test_dual_joint_staging_macros_match_the_kernel():
+    """The switches that turn the split staging off are the ones the kernel's #if names."""
+    import re
+    from pathlib import Path
+
+    from kvlab.cuda import attention as A
+
+    src = (Path(A.__file__).resolve().parents[2] / "kernels_cu" / "paged_attention.cu").read_text()
+    cond = re.search(r"#if (!defined\(KVLAB_DECODE_DUAL_JOINT_STAGING\).*?)\n#define KVLAB_DECODE_DUAL_SPLIT_STAGING",
+                     src, re.S).group(1)
+    assert sorted("-D" + m for m in re.findall(r"!defined\((\w+)\)", cond)) == sorted(A._DUAL_JOINT_STAGING_MACROS)

@@ -454,7 +454,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
                                   "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
                                   "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                                   "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT",
-                                  "-DKVLAB_DECODE_DUAL_SPLIT_STAGING"])
+                                  "-DKVLAB_DECODE_DUAL_JOINT_STAGING"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     """Every paged_attention instantiation (per-head and paged decode, the split merge) compiles

@@ -186,18 +186,26 @@ def paged_stage_bytes(code: int, d: int, num_kv_heads: int) -> int:
     return 2 * (32 if row <= 80 else 16) * num_kv_heads * row
 
 
+#: -D switches that build the dual-ring CTA with session 18's joint query staging (each half stages
+#: all 8 columns into its own ring) instead of the split staging after both rings (the default since
+#: session 19); the same rule as the #if before ``paged_attention_decode_paged`` in paged_attention.cu
+_DUAL_JOINT_STAGING_MACROS = ("-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
+                              "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_DUAL_CTA_BARRIER")
+
+
 def _dual_split_staging() -> bool:
-    """``-DKVLAB_DECODE_DUAL_SPLIT_STAGING`` in ``KVLAB_NVRTC_OPTIONS`` (a measurement build): the
-    dual-ring CTA stages its queries once, after both rings (``paged_smem_bytes``)."""
-    return "-DKVLAB_DECODE_DUAL_SPLIT_STAGING" in os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
+    """Whether the dual-ring CTA stages its queries once, after both rings (``paged_smem_bytes``):
+    the default, unless ``KVLAB_NVRTC_OPTIONS`` names one of ``_DUAL_JOINT_STAGING_MACROS``."""
+    opts = os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
+    return not any(m in opts for m in _DUAL_JOINT_STAGING_MACROS)
 
 
 def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int, nbuf: int, nh: int = 1) -> int:
     """Dynamic shared memory of ``paged_attention_decode_paged`` with ``nh`` rings (2: the
     dual-ring CTA) of ``nbuf`` stage buffers; each ring holds its half's q staging
     (``ny · 8 · d · 2``) at its end before the loop, and the output rows of all ``nh · ny``
-    warps (``nh · ny · 8 · d · 4``) come after it, from the start. The dual ring's split staging
-    build (``_dual_split_staging``) keeps one q staging after both rings instead."""
+    warps (``nh · ny · 8 · d · 4``) come after it, from the start. The dual-ring CTA (``nh`` 2)
+    keeps one q staging after both rings instead (its split staging, ``_dual_split_staging``)."""
     rings = nh * nbuf * paged_stage_bytes(code, d, num_kv_heads)
     if nh == 2 and _dual_split_staging():
         rings += ny * NCOL * d * 2
@@ -302,6 +310,8 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     for ctas in ((2, 1) if d <= 128 and nh == 1 else (1,)):
         per_cta = min(smem_sm // ctas, _smem_optin(device_id)) - 4 * 1024  # static + reserved
         nbuf = min(PG_MAXBUF, per_cta // (nh * stage), cap)
+        while nbuf > 2 and paged_smem_bytes(code, d, num_kv_heads, ny, nbuf, nh) > per_cta:
+            nbuf -= 1   # the dual ring's q staging after its rings takes a stage's room
         if nbuf >= 2 and paged_smem_bytes(code, d, num_kv_heads, ny, nbuf, nh) <= per_cta:
             return nbuf, ""
     return 0, (f"paged decode needs two stages of {stage} B of shared memory per CTA, "
