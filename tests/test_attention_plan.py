@@ -118,10 +118,10 @@ def test_paged_halves_env(monkeypatch):
     monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
     for d in (64, 128, 256):
         assert [A._paged_halves(c, d) for c in range(5)] == [
-            2 if (c, d) in A.PG_DUAL_DEFAULT and c in A.PG_DUAL_CODES and d in A.PG_DUAL_HEAD_SIZES else 1
-            for c in range(5)]
+            2 if ((c, d, 1) in A.PG_DUAL_DEFAULT or (c, d, 2) in A.PG_DUAL_DEFAULT)
+            and c in A.PG_DUAL_CODES and d in A.PG_DUAL_HEAD_SIZES else 1 for c in range(5)]
     assert [A._paged_halves(c, 128) for c in range(5)] == [1, 2, 2, 2, 1]   # nvfp4: two CTAs per SM
-    assert [A._paged_halves(c, 64) for c in range(5)] == [1, 2, 2, 1, 2]    # int4: two CTAs per SM
+    assert [A._paged_halves(c, 64) for c in range(5)] == [1, 2, 2, 2, 2]    # candidates; _dual_default decides
     monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1")
     assert [A._paged_halves(c, 128) for c in (0, 1, 2, 3, 4)] == [1, 2, 2, 2, 2]
     assert A._paged_halves(3, 64) == 2 and A._paged_halves(3, 256) == 1
@@ -139,22 +139,27 @@ def test_paged_halves_env(monkeypatch):
 
 
 @pytest.mark.parametrize("code, seq_lens, dual", [
-    # int8 (PG_DUAL_DEFAULT: gain 0.05, parts of >= 16 tiles)
+    # int8 (PG_DUAL_DEFAULT: gain 0.05, parts of >= 16 tiles; session 19 call 2's grid, dual-ring Δ)
     (1, [8192] * 32, True), (1, [131072], True), (1, [4096] * 64, True), (1, [32768] * 8, True),
     (1, [8192] * 8, True), (1, [1024] * 64, True), (1, [32768], True), (1, [1024] * 32, True),
-    (1, [8192], False), (1, [1024] * 8, False),          # 8-tile parts: the prologue (+5 … +10 %)
-    (1, [300] * 40 + [60000] * 4, False),               # short unsplit sequences idle SMs (measured +6 %)
-    (1, list(range(2000, 32001, 2000)), True),          # a ragged batch that balances (measured −5.6 %)
+    (1, [8192], False), (1, [1024] * 8, False),          # 8-tile parts: +2.4 / +2.6 %
+    (1, [300] * 40 + [60000] * 4, False),               # short unsplit sequences idle SMs (+8.0 %)
+    (1, list(range(2000, 32001, 2000)), True),          # a ragged batch that balances (−4.0 %)
     (1, [1000] * 20 + [50000] * 3, False), (1, [200] * 100 + [100000], False),   # the dual list is not one wave
-    # int4 and fp8 (gain 0.02, parts of >= 128 tiles): long loops only
+    # int4 (gain 0.04, parts of >= 32 tiles)
     (3, [8192] * 32, True), (3, [4096] * 64, True), (3, [32768] * 32, True), (3, [131072] * 8, True),
-    (3, [131072], False), (3, [8192] * 8, False), (3, [32768], False),   # batch 1 × 128k: +4.7 %
-    (2, [8192] * 32, True), (2, [4096] * 64, True), (2, [131072], False), (2, [1024] * 64, False),
+    (3, [131072], True), (3, [8192] * 8, True),          # batch 1 × 128k −1.7 %, 8 × 8k −3.7 %
+    (3, [32768], False), (3, [8192], False), (3, [1024] * 32, False),   # 17 / 8 / 16 tiles: +2.1 / +5.5 / −0.1 %
+    (3, [300] * 40 + [60000] * 4, False),               # +10.4 %
+    # fp8 (gain 0.05, parts of >= 64 tiles)
+    (2, [8192] * 32, True), (2, [4096] * 64, True), (2, [131072], True), (2, [32768] * 8, True),
+    (2, [8192] * 8, False), (2, [1024] * 64, False), (2, [1024] * 32, False),   # 32 / 32 / 16 tiles: +0.4 / −0.1 / +1.9 %
+    (2, [300] * 40 + [60000] * 4, False),               # +9.4 %
 ])
 def test_dual_pays_where_measured(code, seq_lens, dual):
-    """The plan's default CTA form (``_dual_pays`` on the two forms' default lists, H200: 132 SMs,
-    264 / 132 slots, the format's ``PG_DUAL_DEFAULT``) against what session 18 measured for these
-    batches (docs/perf-notes.md)."""
+    """The plan's default CTA form (``_dual_default`` on the two forms' default lists, H200: 132
+    SMs, 264 / 132 slots, the (format, 128, 1) rule of ``PG_DUAL_DEFAULT``) against what session 19
+    measured for these batches (docs/perf-notes.md, with the split query staging)."""
     from kvlab.cuda import attention as A
 
     sl = np.asarray(seq_lens)
@@ -162,10 +167,11 @@ def test_dual_pays_where_measured(code, seq_lens, dual):
     two = A._paged_list(qsl, sl, 2, 0, 264, None, 1, 132)
     dl = A._paged_list(qsl, sl, 2, 0, 132, None, 2, 132)
     assert dl[3] == 1.0                      # the dual ring's list is never weighted
-    gain, min_tiles, _, min_per_sm = A.PG_DUAL_DEFAULT[code, 128]
-    assert min_per_sm == 1
-    assert A._dual_pays(two[0], dl[0], 132, A.PG_WAVE_WEIGHT, gain, min_tiles) == dual
-    assert A._dual_default(code, 128, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, 1) == dual
+    rule = A.PG_DUAL_DEFAULT[code, 128, 1]
+    assert rule.max_seqs is None
+    assert A._dual_pays(two[0], dl[0], 132, A.PG_WAVE_WEIGHT, rule.gain, rule.min_tiles) == dual
+    assert A._dual_default(code, 128, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, 1, len(sl)) == dual
+    assert not A._dual_default(4, 128, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, 1, len(sl))   # nvfp4: no rule
     # the model's pieces: a dual CTA runs at its SM's whole rate, shared by per_sm of them
     t = A._list_time(dl[0], 132, 1.2, 2, 0.05)
     assert A._list_time(dl[0], 132, 1.2, 2, 0.05, per_sm=2) == pytest.approx(
@@ -175,27 +181,35 @@ def test_dual_pays_where_measured(code, seq_lens, dual):
 
 
 @pytest.mark.parametrize("code, hkv, seq_lens, dual", [
-    # head size 64 (session 18, call 3: both forms measured on the H200; dual-ring Δ in brackets)
-    (1, 3, [8192], True), (1, 3, [131072], True), (1, 3, [8192] * 32, True),          # −13.5 / −5.2 / −0.1 %
-    (2, 3, [8192], True), (2, 3, [131072], True), (2, 3, [8192] * 32, True),          # −13.1 / −5.9 / −2.6 %
-    (1, 8, [8192], True), (1, 8, [131072], True), (1, 8, [8192] * 32, True),          # −3.6 / −3.8 / −1.9 %
-    (2, 8, [8192], True), (2, 8, [131072], True), (2, 8, [8192] * 32, True),          # −6.6 / −3.6 / −2.9 %
-    (4, 3, [8192], True), (4, 3, [131072], True), (4, 3, [8192] * 32, True),          # −10.3 / −23.2 / −10.5 %
-    (4, 8, [131072], False), (4, 8, [8192] * 32, False),   # +5.8 / +2.0 %: one dual-ring CTA per SM
-    (3, 3, [8192] * 32, False), (3, 8, [131072], False),   # int4: +10.3 / +4.2 % (not a candidate)
+    # head size 64 (session 19, call 2: the grid and scripts/decode_fill_ab.py --shape 9/3/64, both
+    # forms with the split query staging, on the H200; dual-ring Δ in the comments)
+    (1, 3, [8192], True), (1, 3, [131072], True), (1, 3, [8192] * 32, True),          # −13.6 / −7.3 / −1.3 %
+    (2, 3, [8192], True), (2, 3, [131072], True), (2, 3, [8192] * 32, True),          # −16.0 / −9.7 / −3.3 %
+    (4, 3, [8192], True), (4, 3, [131072], True), (4, 3, [8192] * 32, True),          # −13.8 / −25.2 / −9.3 %
+    (4, 3, [4096] * 64, True), (4, 3, [300] * 40 + [60000] * 4, True),                 # −8.2 / −11.7 %
+    (3, 3, [8192], True), (3, 3, [32768], True), (3, 3, [131072], True),              # int4 batch 1: −14.8 / −11.6 / −8.1 %
+    (3, 3, [8192] * 32, False), (3, 3, [4096] * 64, False),                           # +11.8 / +12.2 %
+    (3, 3, [300] * 40 + [60000] * 4, False),                                          # +14.1 %
+    (1, 8, [8192], False), (2, 8, [8192], False),        # 32/8, 8-tile parts: +6.1 / +1.9 %
+    (1, 8, [131072], True), (1, 8, [8192] * 32, True),   # −2.9 / −1.4 %
+    (2, 8, [131072], True), (2, 8, [8192] * 32, True),   # −3.3 / −2.7 %
+    (4, 8, [131072], False), (4, 8, [8192] * 32, False),   # nvfp4 32/8: +7.4 / +2.9 % (no rule)
+    (3, 8, [131072], False), (3, 8, [8192], False),        # int4 32/8: +2.5 / +2.9 % (no rule)
 ])
 def test_dual_default_head_size_64(code, hkv, seq_lens, dual):
-    """The plan's default CTA form at d = 64 (``_dual_default``): 9/3 heads put two dual-ring CTAs
-    (6 warps) or four two-per-SM CTAs (3 warps) on an SM, 32/8 one or two (H200: 132 SMs)."""
+    """The plan's default CTA form at d = 64 (``_dual_default``): 9/3 heads put two (int4: three)
+    dual-ring CTAs of 6 warps on an SM against four to seven two-per-SM CTAs of 3 warps, 32/8 one
+    against two (H200: 132 SMs; the slot counts of call 2's plans)."""
     from kvlab.cuda import attention as A
 
     sl = np.asarray(seq_lens)
     qsl = np.arange(len(sl) + 1)
-    per_sm = 2 if hkv == 3 else 1
-    two = A._paged_list(qsl, sl, 2, 0, 2 * per_sm * 132, None, 1, 132)
-    dl = A._paged_list(qsl, sl, 2, 0, per_sm * 132, None, 2, 132)
-    assert A._dual_default(code, 64, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm) == dual
-    assert not A._dual_default(code, 256, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm)
+    slots = {1: (528, 264), 2: (528, 264), 3: (924, 396), 4: (792, 264)}[code] if hkv == 3 else (264, 132)
+    two = A._paged_list(qsl, sl, 2, 0, slots[0], None, 1, 132)
+    dl = A._paged_list(qsl, sl, 2, 0, slots[1], None, 2, 132)
+    per_sm = slots[1] // 132
+    assert A._dual_default(code, 64, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm, len(sl)) == dual
+    assert not A._dual_default(code, 256, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm, len(sl))
 
 
 def test_paged_stage_cap_env(h200, monkeypatch):

@@ -62,6 +62,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+from typing import NamedTuple
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,33 +104,48 @@ PG_BIG_STAGE_NBUF = 2       # … get this many buffers by default (_paged_buffe
 PG_MIN_SPLIT_TOKENS = 128   # each split walks at least 4 stages of 32 tokens (8 of 16)
 PG_DUAL_CODES = (1, 2, 3, 4)        # formats with a dual-ring paged-decode CTA (auto: two rings do not fit at d = 128)
 PG_DUAL_HEAD_SIZES = (64, 128)      # … and head sizes (NH = 2 needs 2·ny warps of ≤ 128 registers)
-# KVLAB_DECODE_PAGED_DUAL unset: the (format code, head size) pairs that may get the dual-ring CTA
-# (_paged_halves), each with (gain, min_tiles, nbuf, min_per_sm): how much the dual ring raises an
-# SM's decode rate over two CTAs per SM (_dual_pays), the shortest longest-part (16-token tiles) over
-# which it repays its ~2 µs longer prologue (sixteen warps stage their queries at once), its stages
-# per ring (big stages; small ones get PG_MAXBUF), and how many dual-ring CTAs must share an SM.
-# Measured on the H200 (session 18, calls 1–3, docs/perf-notes.md; the full decode grid both ways,
-# benchmarks/latest/decode/variants_session18/call3_grid_dual_vs_two.md):
-#   d = 128 (32/8 heads: one dual-ring CTA per SM)
-#   int8: −5 … −7 % at B = 32 × 8k, 64 × 4k, batch 1 × 128k, −10 … −16 % at 32k–128k contexts
-#         (1.03× the read floor); 8-tile parts +5 … +10 %, 16–17 tiles −2 … −4 %;
-#   fp8:  −0.5 … −2 % with 2 stages per ring, −2.2 … −2.6 % more with 3 (B = 32 × 8k, 64 × 4k);
-#         parts of ≤ 66 tiles +1 … +23 %;
-#   int4: −2 … −6 % over parts of ≥ 128 tiles at 64 × 4k and 32k–128k contexts, −0.1 … −1.3 % at
-#         B = 32 × 8k, +4.7 % at batch 1 × 128k (66 tiles); 3 stages flat;
-#   nvfp4: +1 … +7 % everywhere: two CTAs per SM.
-#   d = 64 (six rows: 9/3 heads, the shipped model's, where two dual-ring CTAs of 6 warps share an
-#   SM against four of 3, and 32/8; batch 1 × 8k, 1 × 128k, 32 × 8k)
-#   int8 / fp8: faster in all six rows (−0.1 … −13.5 %; fp8 with 2 stages per ring). The model
-#         prices the 9/3 rows +3 … +9 % against the dual ring (it counts the four small CTAs of
-#         an SM at the two-per-SM rate), hence the gain of 0.15 and no tile minimum;
-#   nvfp4: 9/3 −10 … −23 %, 32/8 −5 / +5.8 / +2.0 % (the one-per-SM loss of d = 128): a candidate
-#         only where two dual-ring CTAs share an SM (min_per_sm 2);
-#   int4: −9 / −4 / +10 % (9/3), 0 / +4.2 / −1.7 % (32/8): no rule, two CTAs per SM.
+class DualRule(NamedTuple):
+    """When the plan gives a paged decode the dual-ring CTA by default (``_dual_default``): its
+    work list must be modelled no slower than the two-per-SM list with the dual ring's SM rate
+    raised by ``gain`` (``_dual_pays``; None: no comparison), its longest part must have at least
+    ``min_tiles`` 16-token tiles (the dual ring's prologue and its CTA barrier are longer than a
+    two-per-SM CTA's), and the batch at most ``max_seqs`` decode sequences (None: any)."""
+    gain: float | None
+    min_tiles: int
+    max_seqs: int | None = None
+
+
+# KVLAB_DECODE_PAGED_DUAL unset: the dual-ring CTA's default rule per (format code, head size,
+# dual-ring CTAs per SM: 1, or 2 for two or more). Fitted on the H200's full decode grid measured
+# in both CTA forms with the split query staging (session 19, call 2: docs/perf-notes.md "Session
+# 19", benchmarks/latest/decode/variants_session19/call2_grid_dual_vs_two.md), dual-ring Δ:
+#   d = 128, 32/8 heads (one dual-ring CTA of 16 warps per SM against two of 8)
+#   int8: −3 … −12 % over parts of ≥ 16 tiles (B = 32 × 8k −5.5 %, batch 1 × 128k −5.6 %), 8-tile
+#         parts +2.4 … +4.1 %; ragged 40 × 300 + 4 × 60k +8 % (short unsplit sequences idle an SM:
+#         the model sees it);
+#   fp8:  −3 … −7 % over parts of ≥ 64 tiles (B = 32 × 8k −6.1 %), −1 … +1.9 % at 16–32 tiles, 8
+#         tiles +2.7 … +5.2 %;
+#   int4: −1.7 … −7 % over parts of ≥ 32 tiles (batch 1 × 128k −1.7 %, B = 32 × 8k −3.9 %), 16–17
+#         tiles −0.1 / +2.1 %, 8 tiles +4.7 … +5.5 %;
+#   nvfp4: +0.5 … +8.6 % but at B = 8 × 8k / 32k (−2.4 / −0.6 %): not a candidate.
+#   d = 64, 32/8 heads: int8 / fp8 −1.4 … −3.3 % over parts of ≥ 66 tiles, +6.1 / +1.9 % at 8
+#         tiles (batch 1 × 8k); int4 / nvfp4 +1 … +7 % but B = 32 × 8k int4 −1.0 %: not candidates.
+#   d = 64, 9/3 heads, the shipped model's (two or three dual-ring CTAs of 6 warps per SM against
+#   four to seven of 3; scripts/decode_fill_ab.py --shape 9/3/64, call2_fill93.md): nvfp4 −4 … −25 %
+#         in every batch; fp8 −1.4 … −16 % (the ragged 40 × 300 + 4 × 60k +0.4 %); int8 −5 … −14 %
+#         at batch 1 × 8k / 128k, 0 … +2.4 % at B = 32, 64, 1 × 32k and ragged; int4 −4 … −15 % at
+#         batch 1, +11 … +14 % from B = 32 up. The model prices these rows +3 … +9 % against the
+#         dual ring (it counts the small CTAs at the two-per-SM rate), hence the gain of 0.15, and
+#         int4's batch-1 rule skips it.
 PG_DUAL_DEFAULT = {
-    (1, 128): (0.05, 16, 2, 1), (2, 128): (0.02, 128, 3, 1), (3, 128): (0.02, 128, 2, 1),
-    (1, 64): (0.15, 0, 2, 1), (2, 64): (0.15, 0, 2, 1), (4, 64): (0.15, 0, 2, 2),
+    (1, 128, 1): DualRule(0.05, 16), (2, 128, 1): DualRule(0.05, 64), (3, 128, 1): DualRule(0.04, 32),
+    (1, 64, 1): DualRule(0.05, 16), (2, 64, 1): DualRule(0.05, 16),
+    (1, 64, 2): DualRule(0.15, 0), (2, 64, 2): DualRule(0.15, 0), (4, 64, 2): DualRule(0.15, 0),
+    (3, 64, 2): DualRule(None, 0, max_seqs=1),   # batch 1 only, where every context measured faster
 }
+#: the dual ring's stages per ring where its stages are big (PG_BIG_STAGE; else PG_BIG_STAGE_NBUF):
+#: fp8 at d = 128 measured −2.2 … −2.6 % with 3 against 2 (session 18; at d = 64 3 were +3.3 %)
+PG_DUAL_NBUF = {(2, 128): 3}
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
@@ -223,7 +239,7 @@ def _paged_halves(code: int, d: int) -> int:
     env = os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip()
     if env not in ("", "0", "1"):
         raise ValueError(f"KVLAB_DECODE_PAGED_DUAL: expected 0 or 1, got {env!r}")
-    dual = (code, d) in PG_DUAL_DEFAULT if env == "" else env == "1"
+    dual = any(k[:2] == (code, d) for k in PG_DUAL_DEFAULT) if env == "" else env == "1"
     return 2 if dual and code in PG_DUAL_CODES and d in PG_DUAL_HEAD_SIZES else 1
 
 
@@ -265,15 +281,18 @@ def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain
 
 
 def _dual_default(code: int, d: int, two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float,
-                  per_sm: int) -> bool:
+                  per_sm: int, n_seqs: int) -> bool:
     """The plan's default CTA form where ``KVLAB_DECODE_PAGED_DUAL`` is unset: the dual ring (True)
-    for a (format, head size) pair of ``PG_DUAL_DEFAULT`` whose dual-ring CTAs are at least
-    ``min_per_sm`` to an SM (``per_sm`` of them are resident) and whose list ``_dual_pays`` with the
-    pair's gain and tile minimum; two CTAs per SM (False) otherwise."""
-    if (code, d) not in PG_DUAL_DEFAULT:
+    where ``PG_DUAL_DEFAULT`` has a rule for (format, head size, 1 or 2 for ``per_sm`` dual-ring
+    CTAs resident per SM) and the batch (``n_seqs`` decode sequences, the two forms' lists ``two``
+    and ``dual``) meets it: at most ``max_seqs`` sequences, and ``_dual_pays`` with its gain and
+    tile minimum; two CTAs per SM (False) otherwise."""
+    rule = PG_DUAL_DEFAULT.get((code, d, min(per_sm, 2)))
+    if rule is None or (rule.max_seqs is not None and n_seqs > rule.max_seqs) or not len(dual):
         return False
-    gain, min_tiles, _, min_per_sm = PG_DUAL_DEFAULT[code, d]
-    return per_sm >= min_per_sm and _dual_pays(two, dual, n_sm, weight, gain, min_tiles, per_sm)
+    if rule.gain is None:
+        return int(_row_tiles(dual).max()) >= rule.min_tiles
+    return _dual_pays(two, dual, n_sm, weight, rule.gain, rule.min_tiles, per_sm)
 
 
 def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh: int = 1) -> tuple[int, str]:
@@ -285,8 +304,8 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     next ones are copied). Stages of ``PG_BIG_STAGE`` bytes or more are capped at two: measured
     on the H200 (docs/perf-notes.md "Session 10"), a deeper ring of big stages moves the cache
     more slowly (int4 d = 128, 8 heads: 3 stages 0.1051 ms, 2 stages 0.1047–0.1052; auto:
-    0.3352 → 0.2729 ms); the dual ring's big stages get the format's ``PG_DUAL_DEFAULT`` depth
-    (fp8: 3 per ring, measured −2.2 … −2.6 % against 2 in session 18). ``KVLAB_DECODE_PAGED_NBUF=n``
+    0.3352 → 0.2729 ms); the dual ring's big stages get ``PG_DUAL_NBUF``'s depth where it has one
+    (fp8 at d = 128: 3 per ring, measured −2.2 … −2.6 % against 2 in session 18). ``KVLAB_DECODE_PAGED_NBUF=n``
     sets the cap to ``n`` (2 … 4) instead (``4``: as many as fit, the session-9 rule)."""
     import cupy
 
@@ -303,8 +322,8 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
             raise ValueError(f"KVLAB_DECODE_PAGED_NBUF: 2 … {PG_MAXBUF}, got {cap!r}")
     if cap:
         cap = int(cap)
-    elif nh == 2 and (code, d) in PG_DUAL_DEFAULT:   # the dual ring's stages per ring
-        cap = PG_DUAL_DEFAULT[code, d][2] if stage >= PG_BIG_STAGE else PG_MAXBUF
+    elif nh == 2 and (code, d) in PG_DUAL_NBUF:   # the dual ring's stages per ring
+        cap = PG_DUAL_NBUF[code, d] if stage >= PG_BIG_STAGE else PG_MAXBUF
     else:
         cap = PG_BIG_STAGE_NBUF if stage >= PG_BIG_STAGE else PG_MAXBUF
     for ctas in ((2, 1) if d <= 128 and nh == 1 else (1,)):
@@ -1146,7 +1165,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
                 n_sm = _device_props(dev)[0]
                 lst1 = _paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm)
                 if not _dual_default(code, d, lst1[0], lst[0], n_sm, _wave_weight(),
-                                     max(1, capacity // n_sm)):
+                                     max(1, capacity // n_sm), int(np.count_nonzero(qlen_dec))):
                     nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, lst1
         items, red, n_parts, wave_weight, slot_fill = lst
     else:

@@ -480,30 +480,32 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
         assert np.all(counts == 1) and np.all(items[np.isin(items[:, 0], short_seqs), 4] == -1)
 
 
-@pytest.mark.parametrize("fmt, hkv, d, kv_len, halves", [
-    ("int8_per_token_head", 8, 128, 40000, 2),   # 125 parts of 20 tiles: the dual ring (_dual_default)
-    ("int8_per_token_head", 8, 128, 8192, 1),    # 64 parts of 8 tiles: too short for its prologue
-    ("int4_per_token_head", 8, 128, 40000, 1),   # int4 takes the dual ring only over parts of >= 128 tiles
-    ("fp8_per_token_head", 8, 128, 40000, 1),    # … and so does fp8 (PG_DUAL_DEFAULT)
-    ("nvfp4", 3, 64, 8192, 2),                   # the shipped model's 9/3 heads: two dual-ring CTAs per SM
-    ("fp8_per_token_head", 3, 64, 8192, 2),
-    ("int4_per_token_head", 3, 64, 8192, 1),     # int4 at d = 64: no rule measured, two CTAs per SM
-    ("nvfp4", 8, 64, 40000, 1),                  # 32/8 heads at d = 64: one dual-ring CTA per SM, nvfp4 loses
+@pytest.mark.parametrize("fmt, hkv, d, kv_lens, halves", [
+    ("int8_per_token_head", 8, 128, [40000], 2),   # 125 parts of 20 tiles: the dual ring (_dual_default)
+    ("int8_per_token_head", 8, 128, [8192], 1),    # 64 parts of 8 tiles: too short for its prologue
+    ("int4_per_token_head", 8, 128, [40000], 1),   # int4 takes the dual ring over parts of >= 32 tiles …
+    ("int4_per_token_head", 8, 128, [70000], 2),   # … as at batch 1 × 70k (35 tiles; 128k: −1.7 %)
+    ("fp8_per_token_head", 8, 128, [40000], 1),    # fp8 over parts of >= 64 tiles
+    ("nvfp4", 3, 64, [8192], 2),                   # the shipped model's 9/3 heads: two dual-ring CTAs per SM
+    ("fp8_per_token_head", 3, 64, [8192], 2),
+    ("int4_per_token_head", 3, 64, [8192], 2),     # int4 at 9/3: the dual ring for batch 1 only …
+    ("int4_per_token_head", 3, 64, [4000, 3000], 1),   # … two sequences: two CTAs per SM
+    ("nvfp4", 8, 64, [40000], 1),                  # 32/8 heads at d = 64: nvfp4 has no dual-ring rule
 ])
-def test_paged_default_cta_form(rng, fmt, hkv, d, kv_len, halves, monkeypatch):
+def test_paged_default_cta_form(rng, fmt, hkv, d, kv_lens, halves, monkeypatch):
     """With KVLAB_DECODE_PAGED_DUAL unset the plan picks the paged decode's CTA form (sessions 18
-    and 19): the dual ring for the (format, head size) pairs of PG_DUAL_DEFAULT where its list is
-    modelled no slower, two CTAs per SM elsewhere; the output matches float64 either way (batch 1,
-    4 query heads per KV head; 8 KV heads at d = 128 is the issue's decode shape, 3 at d = 64 the
-    shipped model's)."""
+    and 19): the dual ring where PG_DUAL_DEFAULT's rule for the format, head size and dual-ring
+    CTAs per SM holds, two CTAs per SM elsewhere; the output matches float64 either way (decode
+    batches of 1 or 2 sequences; 8 KV heads of 4 query heads at d = 128 is the issue's decode
+    shape, 3 of 3 at d = 64 the shipped model's)."""
     from kvlab.cuda.attention import _device_props
 
     monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
     monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
     group = 4 if hkv == 8 else 3
-    case = build_case(rng, fmt, hkv, group, d, 16, [1], [kv_len])
+    case = build_case(rng, fmt, hkv, group, d, 16, [1] * len(kv_lens), kv_lens)
     out, plan = run_gpu(case, variant="paged")
-    check_close(out, run_ref(case), "bfloat16", f"{fmt} {hkv * group}/{hkv} d={d} L={kv_len} default CTA form")
+    check_close(out, run_ref(case), "bfloat16", f"{fmt} {hkv * group}/{hkv} d={d} L={kv_lens} default CTA form")
     if _device_props(plan.device_id)[0] == 132:   # the model's decision for the H200's 132 SMs
         assert plan.paged_halves == halves, (plan.paged_halves, plan.n_items)
 
