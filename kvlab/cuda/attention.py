@@ -144,7 +144,9 @@ PG_DUAL_DEFAULT = {
     (3, 64, 2): DualRule(None, 0, max_seqs=1),   # batch 1 only, where every context measured faster
 }
 #: the dual ring's stages per ring where its stages are big (PG_BIG_STAGE; else PG_BIG_STAGE_NBUF):
-#: fp8 at d = 128 measured −2.2 … −2.6 % with 3 against 2 (session 18; at d = 64 3 were +3.3 %)
+#: fp8 at d = 128 measured −2.2 … −2.6 % with 3 against 2 (session 18, joint staging; at d = 64 3
+#: were +3.3 %); with the split staging (session 19, call 5) fp8 3 against 2: B = 32 × 8k +0.2 %,
+#: batch 1 × 128k −2.1 %; int8 / int4 +1 … +4 % with 3, so they keep 2
 PG_DUAL_NBUF = {(2, 128): 3}
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
