@@ -10,11 +10,12 @@ default work list).
                                       [--shape HQ/HKV/D] [--formats F1,F2]
 
 Cases (32/8 heads, d = 128 unless ``--shape``, block 16, shuffled blocks): the issue-4 targets
-(B = 32 × 8k, batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, and two ragged batches
-(lengths below), int4 and int8 (``--formats``: these formats for every case). Each case builds its cache once, plans it both ways (the switch is read when the
-plan is built), and times the two plans alternately (A B A B, ``bench_ms``, cold L2); it also
-checks that the two outputs agree (relative L2 < 1e-2: the same attention, cut differently; the
-float64 comparison is the GPU tests' job). Prints a Markdown table, writes it with a JSON.
+(B = 32 × 8k, batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, batch 1 × 32k and two
+ragged batches (lengths below) for int4 and int8 (``--formats``: these formats for every case).
+Each case builds its cache once, plans it both ways (the switch is read when the plan is built),
+and times the two plans alternately (A B A B, ``bench_ms``, cold L2); it also checks that the two
+outputs agree (relative L2 < 1e-2: the same attention, cut differently; the float64 comparison
+is the GPU tests' job). Prints a Markdown table, writes it with a JSON.
 """
 from __future__ import annotations
 
@@ -64,7 +65,8 @@ def main() -> int:
     from kvlab.bench.timing import bench_ms
     from kvlab.cuda.attention import plan_paged_attention
 
-    cases = [(f"B={b} L={c}", [c] * b, f) for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in fmts or FORMATS]
+    cases = [(f"B={b} L={c}", [c] * b, f)
+             for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in fmts or FORMATS]
     cases += [("B=1 L=32768", [32768], f) for f in fmts or FORMATS[::2]]
     cases += [(name, lens, f) for name, lens in RAGGED.items() for f in fmts or FORMATS[::2]]
     lines = [f"{HQ}/{HKV} heads, d = {D}", "",

@@ -62,8 +62,8 @@ from __future__ import annotations
 import functools
 import math
 import os
-from typing import NamedTuple
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -123,18 +123,18 @@ class DualRule(NamedTuple):
 #   int8: −3 … −12 % over parts of ≥ 16 tiles (B = 32 × 8k −5.5 %, batch 1 × 128k −5.6 %), 8-tile
 #         parts +2.4 … +4.1 %; ragged 40 × 300 + 4 × 60k +8 % (short unsplit sequences idle an SM:
 #         the model sees it);
-#   fp8:  −3 … −7 % over parts of ≥ 64 tiles (B = 32 × 8k −6.1 %), −1 … +1.9 % at 16–32 tiles, 8
-#         tiles +2.7 … +5.2 %;
-#   int4: −1.7 … −7 % over parts of ≥ 32 tiles (batch 1 × 128k −1.7 %, B = 32 × 8k −3.9 %), 16–17
-#         tiles −0.1 / +2.1 %, 8 tiles +4.7 … +5.5 %;
+#   fp8:  −3 … −7 % over parts of ≥ 64 tiles (B = 32 × 8k −6.1 %), −1 … +1.9 % at 16–32
+#         tiles, 8 tiles +2.7 … +5.2 %;
+#   int4: −1.7 … −7 % over parts of ≥ 32 tiles (batch 1 × 128k −1.7 %, B = 32 × 8k −3.9 %),
+#         16–17 tiles −0.1 / +2.1 %, 8 tiles +4.7 … +5.5 %;
 #   nvfp4: +0.5 … +8.6 % but at B = 8 × 8k / 32k (−2.4 / −0.6 %): not a candidate.
 #   d = 64, 32/8 heads: int8 / fp8 −1.4 … −3.3 % over parts of ≥ 66 tiles, +6.1 / +1.9 % at 8
 #         tiles (batch 1 × 8k); int4 / nvfp4 +1 … +7 % but B = 32 × 8k int4 −1.0 %: not candidates.
 #   d = 64, 9/3 heads, the shipped model's (two or three dual-ring CTAs of 6 warps per SM against
-#   four to seven of 3; scripts/decode_fill_ab.py --shape 9/3/64, call2_fill93.md): nvfp4 −4 … −25 %
-#         in every batch; fp8 −1.4 … −16 % (the ragged 40 × 300 + 4 × 60k +0.4 %); int8 −5 … −14 %
-#         at batch 1 × 8k / 128k, 0 … +2.4 % at B = 32, 64, 1 × 32k and ragged; int4 −4 … −15 % at
-#         batch 1, +11 … +14 % from B = 32 up. The model prices these rows +3 … +9 % against the
+#   four to seven of 3; scripts/decode_fill_ab.py --shape 9/3/64, call2_fill93.md): nvfp4
+#         −4 … −25 % in every batch; fp8 −1.4 … −16 % (the ragged 40 × 300 + 4 × 60k +0.4 %);
+#         int8 −5 … −14 % at batch 1 × 8k / 128k, 0 … +2.4 % at B = 32, 64, 1 × 32k and ragged;
+#         int4 −4 … −15 % at batch 1, +11 … +14 % from B = 32 up. The model prices these rows +3 … +9 % against the
 #         dual ring (it counts the small CTAs at the two-per-SM rate), hence the gain of 0.15, and
 #         int4's batch-1 rule skips it.
 PG_DUAL_DEFAULT = {
@@ -234,8 +234,9 @@ def _paged_halves(code: int, d: int) -> int:
     """Halves of the paged decode kernel's CTA: 2 (the dual-ring CTA, one per SM, two halves of
     ``ny`` warps that each decode half of the item's chunks from a ring of their own, ``NH = 2``
     in paged_attention.cu) or 1 (two CTAs per SM). ``KVLAB_DECODE_PAGED_DUAL`` = ``1`` / ``0``
-    picks for every format; unset, the (format, head size) pairs of ``PG_DUAL_DEFAULT`` are candidates, and
-    the plan keeps the dual ring only where its work list is modelled no slower (``_dual_pays``).
+    picks for every format; unset, the (format, head size) pairs of ``PG_DUAL_DEFAULT`` are
+    candidates, and the plan keeps the dual ring only where the pair's rule holds for the batch
+    (``_dual_default``).
     Formats and head sizes without a dual-ring instantiation (auto, d = 256) always get 1. Read
     when a plan is built."""
     env = os.environ.get("KVLAB_DECODE_PAGED_DUAL", "").strip()
@@ -307,8 +308,9 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     on the H200 (docs/perf-notes.md "Session 10"), a deeper ring of big stages moves the cache
     more slowly (int4 d = 128, 8 heads: 3 stages 0.1051 ms, 2 stages 0.1047–0.1052; auto:
     0.3352 → 0.2729 ms); the dual ring's big stages get ``PG_DUAL_NBUF``'s depth where it has one
-    (fp8 at d = 128: 3 per ring, measured −2.2 … −2.6 % against 2 in session 18). ``KVLAB_DECODE_PAGED_NBUF=n``
-    sets the cap to ``n`` (2 … 4) instead (``4``: as many as fit, the session-9 rule)."""
+    (fp8 at d = 128: 3 per ring), and its rings step down a stage where its q staging does not fit
+    beside them (nvfp4 at d = 128: 2). ``KVLAB_DECODE_PAGED_NBUF=n`` sets the cap to ``n`` (2 … 4)
+    instead (``4``: as many as fit, the session-9 rule)."""
     import cupy
 
     cc = int(cupy.cuda.Device(device_id).compute_capability)
