@@ -7,7 +7,7 @@ variable read when a plan is built, e.g. the paged decode's CTA forms
 default work list).
 
     python3 scripts/decode_fill_ab.py [--repeats 30] [--out DIR] [--ab VAR=A/B] [--only CASES]
-                                      [--shape HQ/HKV/D] [--formats F1,F2]
+                                      [--shape HQ/HKV/D] [--formats F1,F2] [--batches BxL,...]
 
 Cases (32/8 heads, d = 128 unless ``--shape``, block 16, shuffled blocks): the issue-4 targets
 (B = 32 × 8k, batch 1 × 128k, 64 × 4k) for int4, nvfp4, int8 and fp8, batch 1 × 32k and two
@@ -15,7 +15,8 @@ ragged batches (lengths below) for int4 and int8 (``--formats``: these formats f
 Each case builds its cache once, plans it both ways (the switch is read when the plan is built),
 and times the two plans alternately (A B A B, ``bench_ms``, cold L2); it also checks that the two
 outputs agree (relative L2 < 1e-2: the same attention, cut differently; the float64 comparison
-is the GPU tests' job). Prints a Markdown table, writes it with a JSON.
+is the GPU tests' job). ``--batches 2x8192,8x32768``: these uniform batches instead of the
+built-in cases. Prints a Markdown table, writes it with a JSON.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ def main() -> int:
     ap.add_argument("--ab", default="KVLAB_DECODE_SLOT_FILL=0/2",
                     help="VAR=A/B: the two settings compared (default: the work list, =0 against =2)")
     ap.add_argument("--shape", default="32/8/128", help="HQ/HKV/D: query heads, KV heads, head size")
+    ap.add_argument("--batches", default="", help="comma-separated BxL uniform batches instead of the built-in cases")
     ap.add_argument("--formats", default="", help="comma-separated formats for every case "
                     "(default: all four for the target cases, int4 and int8 for the ragged ones)")
     args = ap.parse_args()
@@ -69,6 +71,13 @@ def main() -> int:
              for b, c in ((32, 8192), (1, 131072), (64, 4096)) for f in fmts or FORMATS]
     cases += [("B=1 L=32768", [32768], f) for f in fmts or FORMATS[::2]]
     cases += [(name, lens, f) for name, lens in RAGGED.items() for f in fmts or FORMATS[::2]]
+    if args.batches:
+        try:
+            bl = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
+            assert all(len(t) == 2 and t[0] > 0 and t[1] > 0 for t in bl)
+        except (ValueError, AssertionError):
+            ap.error(f"--batches: expected BxL,..., got {args.batches!r}")
+        cases = [(f"B={b} L={c}", [c] * b, f) for b, c in bl for f in fmts or FORMATS]
     lines = [f"{HQ}/{HKV} heads, d = {D}", "",
              f"| case | format | CTAs {va} / {vb} | ms, {var}={va} | ms, {var}={vb} | change | outputs rel L2 | "
              f"lists filled {va} / {vb} | default (unset) |",
