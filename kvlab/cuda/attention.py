@@ -109,10 +109,12 @@ class DualRule(NamedTuple):
     work list must be modelled no slower than the two-per-SM list with the dual ring's SM rate
     raised by ``gain`` (``_dual_pays``; None: no comparison), its longest part must have at least
     ``min_tiles`` 16-token tiles (the dual ring's prologue and its CTA barrier are longer than a
-    two-per-SM CTA's), and the batch at most ``max_seqs`` decode sequences (None: any)."""
+    two-per-SM CTA's), and the batch at most ``max_seqs`` decode sequences (None: any) — or, with
+    ``same_parts``, any batch whose two-per-SM list has no more parts than the dual ring's."""
     gain: float | None
     min_tiles: int
     max_seqs: int | None = None
+    same_parts: bool = False
 
 
 # KVLAB_DECODE_PAGED_DUAL unset: the dual-ring CTA's default rule per (format code, head size,
@@ -133,15 +135,21 @@ class DualRule(NamedTuple):
 #   d = 64, 9/3 heads, the shipped model's (two or three dual-ring CTAs of 6 warps per SM against
 #   four to seven of 3; scripts/decode_fill_ab.py --shape 9/3/64, call2_fill93.md): nvfp4
 #         −4 … −25 % in every batch; fp8 −1.4 … −16 % (the ragged 40 × 300 + 4 × 60k +0.4 %);
-#         int8 −5 … −14 % at batch 1 × 8k / 128k, 0 … +2.4 % at B = 32, 64, 1 × 32k and ragged;
-#         int4 −4 … −15 % at batch 1, +11 … +14 % from B = 32 up. The model prices these rows +3 … +9 % against the
-#         dual ring (it counts the small CTAs at the two-per-SM rate), hence the gain of 0.15, and
-#         int4's batch-1 rule skips it.
+#         int8 −5 … −14 % at batch 1 × 8k / 128k, −2 … −8 % at B = 4 … 16 × 8k and 2 / 8 × 32k
+#         (call 6), 0 … +3.2 % at B = 2 × 8k, 4 × 32k, 32, 64, 1 × 32k and ragged;
+#         int4 −4 … −15 % at batch 1, +11 … +14 % from B = 32 up. The model prices these rows
+#         +3 … +9 % against the dual ring (it counts the small CTAs at the two-per-SM rate), hence
+#         the gain of 0.15.
+#         int4 at 9/3 (call 6, call6_fill93_batches.md) follows the parts: where both forms' lists
+#         have the same parts the dual ring wins (B = 2 / 4 × 8k −12 / −7.7 %, batch 1 × 8k / 32k
+#         −15 / −12 %), where the two-per-SM list has more it loses (+11 … +27 % at B = 8 / 16 × 8k,
+#         2 … 8 × 32k and from B = 32 up) — but for batch 1 × 128k (923 parts against 396: −4 … −8 %,
+#         its merge of 923 parts): batch 1 or the same parts.
 PG_DUAL_DEFAULT = {
     (1, 128, 1): DualRule(0.05, 16), (2, 128, 1): DualRule(0.05, 64), (3, 128, 1): DualRule(0.04, 32),
     (1, 64, 1): DualRule(0.05, 16), (2, 64, 1): DualRule(0.05, 16),
     (1, 64, 2): DualRule(0.15, 0), (2, 64, 2): DualRule(0.15, 0), (4, 64, 2): DualRule(0.15, 0),
-    (3, 64, 2): DualRule(None, 0, max_seqs=1),   # batch 1 only, where every context measured faster
+    (3, 64, 2): DualRule(None, 0, max_seqs=1, same_parts=True),
 }
 #: the dual ring's stages per ring where its stages are big (PG_BIG_STAGE; else PG_BIG_STAGE_NBUF):
 #: fp8 at d = 128 measured −2.2 … −2.6 % with 3 against 2 (session 18, joint staging; at d = 64 3
@@ -288,10 +296,13 @@ def _dual_default(code: int, d: int, two: np.ndarray, dual: np.ndarray, n_sm: in
     """The plan's default CTA form where ``KVLAB_DECODE_PAGED_DUAL`` is unset: the dual ring (True)
     where ``PG_DUAL_DEFAULT`` has a rule for (format, head size, 1 or 2 for ``per_sm`` dual-ring
     CTAs resident per SM) and the batch (``n_seqs`` decode sequences, the two forms' lists ``two``
-    and ``dual``) meets it: at most ``max_seqs`` sequences, and ``_dual_pays`` with its gain and
-    tile minimum; two CTAs per SM (False) otherwise."""
+    and ``dual``) meets it: at most ``max_seqs`` sequences (or, with ``same_parts``, no more
+    two-per-SM parts than dual-ring ones), and ``_dual_pays`` with its gain and tile minimum; two
+    CTAs per SM (False) otherwise."""
     rule = PG_DUAL_DEFAULT.get((code, d, min(per_sm, 2)))
-    if rule is None or (rule.max_seqs is not None and n_seqs > rule.max_seqs) or not len(dual):
+    if rule is None or not len(dual):
+        return False
+    if rule.max_seqs is not None and n_seqs > rule.max_seqs and not (rule.same_parts and len(two) <= len(dual)):
         return False
     if rule.gain is None:
         return int(_row_tiles(dual).max()) >= rule.min_tiles

@@ -488,8 +488,9 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
     ("fp8_per_token_head", 8, 128, [40000], 1),    # fp8 over parts of >= 64 tiles
     ("nvfp4", 3, 64, [8192], 2),                   # the shipped model's 9/3 heads: two dual-ring CTAs per SM
     ("fp8_per_token_head", 3, 64, [8192], 2),
-    ("int4_per_token_head", 3, 64, [8192], 2),     # int4 at 9/3: the dual ring for batch 1 only …
-    ("int4_per_token_head", 3, 64, [4000, 3000], 1),   # … two sequences: two CTAs per SM
+    ("int4_per_token_head", 3, 64, [8192], 2),     # int4 at 9/3: the dual ring for batch 1 …
+    ("int4_per_token_head", 3, 64, [4000, 3000], 2),   # … and where both lists have the same parts (56)
+    ("int4_per_token_head", 3, 64, [30000, 20000], 1),  # 392 two-per-SM parts against 345: two per SM
     ("nvfp4", 8, 64, [40000], 1),                  # 32/8 heads at d = 64: nvfp4 has no dual-ring rule
 ])
 def test_paged_default_cta_form(rng, fmt, hkv, d, kv_lens, halves, monkeypatch):
