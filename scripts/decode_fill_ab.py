@@ -74,8 +74,9 @@ def main() -> int:
     if args.batches:
         try:
             bl = [tuple(int(x) for x in b.split("x")) for b in args.batches.split(",")]
-            assert all(len(t) == 2 and t[0] > 0 and t[1] > 0 for t in bl)
-        except (ValueError, AssertionError):
+        except ValueError:
+            bl = []
+        if not bl or not all(len(t) == 2 and t[0] > 0 and t[1] > 0 for t in bl):
             ap.error(f"--batches: expected BxL,..., got {args.batches!r}")
         cases = [(f"B={b} L={c}", [c] * b, f) for b, c in bl for f in fmts or FORMATS]
     lines = [f"{HQ}/{HKV} heads, d = {D}", "",

@@ -643,10 +643,12 @@ def test_dual_split_staging_smem(h200, monkeypatch):
     assert A._paged_buffers(4, 128, 8, 8, 0, 2)[0] == 2   # nvfp4: 2 × 3 × 36,864 B + 16 KB do not fit
     monkeypatch.delenv("KVLAB_DECODE_PAGED_NBUF")
     for macro in A._DUAL_JOINT_STAGING_MACROS:
-        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", f"-lineinfo {macro}")
+        monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", f"-lineinfo -D{macro}")
         assert not A._dual_split_staging()
         assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == max(2 * 2 * stage, 2 * 8 * 8 * 128 * 4)
         assert A.paged_smem_bytes(1, 128, 8, 8, 2) == base1
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "--define-macro=KVLAB_DECODE_DUAL_JOINT_STAGING")
+    assert not A._dual_split_staging()   # the long form names the same macro
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_DUAL_JOINT_STAGINGX")
     assert A._dual_split_staging()
 
@@ -661,4 +663,4 @@ def test_dual_joint_staging_macros_match_the_kernel():
     src = (Path(A.__file__).resolve().parents[2] / "kernels_cu" / "paged_attention.cu").read_text()
     cond = re.search(r"#if (!defined\(KVLAB_DECODE_DUAL_JOINT_STAGING\).*?)\n#define KVLAB_DECODE_DUAL_SPLIT_STAGING",
                      src, re.S).group(1)
-    assert sorted("-D" + m for m in re.findall(r"!defined\((\w+)\)", cond)) == sorted(A._DUAL_JOINT_STAGING_MACROS)
+    assert sorted(re.findall(r"!defined\((\w+)\)", cond)) == sorted(A._DUAL_JOINT_STAGING_MACROS)

@@ -215,15 +215,16 @@ def paged_stage_bytes(code: int, d: int, num_kv_heads: int) -> int:
 #: -D switches that build the dual-ring CTA with session 18's joint query staging (each half stages
 #: all 8 columns into its own ring) instead of the split staging after both rings (the default since
 #: session 19); the same rule as the #if before ``paged_attention_decode_paged`` in paged_attention.cu
-_DUAL_JOINT_STAGING_MACROS = ("-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
-                              "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_DUAL_CTA_BARRIER")
+_DUAL_JOINT_STAGING_MACROS = ("KVLAB_DECODE_DUAL_JOINT_STAGING", "KVLAB_DECODE_SERIAL_QUERY_COLUMNS",
+                              "KVLAB_DECODE_NO_EARLY_ISSUE", "KVLAB_DECODE_DUAL_CTA_BARRIER")
 
 
 def _dual_split_staging() -> bool:
     """Whether the dual-ring CTA stages its queries once, after both rings (``paged_smem_bytes``):
-    the default, unless ``KVLAB_NVRTC_OPTIONS`` names one of ``_DUAL_JOINT_STAGING_MACROS``."""
-    opts = os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
-    return not any(m in opts for m in _DUAL_JOINT_STAGING_MACROS)
+    the default, unless ``KVLAB_NVRTC_OPTIONS`` defines one of ``_DUAL_JOINT_STAGING_MACROS``
+    (``-DNAME`` or ``--define-macro=NAME``, read by ``_macros``)."""
+    defined = _macros(os.environ.get("KVLAB_NVRTC_OPTIONS", ""))
+    return not any(m in defined for m in _DUAL_JOINT_STAGING_MACROS)
 
 
 def paged_smem_bytes(code: int, d: int, num_kv_heads: int, ny: int, nbuf: int, nh: int = 1) -> int:
