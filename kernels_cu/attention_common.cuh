@@ -366,15 +366,26 @@ template <int D, typename T> struct Traits<NVFP4, D, T> {
 
 // Dim owned by thread c (lane % 4) for chunk kk (16 dims of the Q·K reduction), pair p
 // (0: k = 2c..2c+1, 1: k = 2c+8..2c+9) and half h (low/high 16 bits of the register).
-// int4/int8 (word-aligned rows, INTERLEAVED): thread c owns the row's words c, c+4, c+8, …
+// int4/int8/fp8 (word-aligned rows, INTERLEAVED): thread c owns the row's words c, c+4, c+8, …
 // (word w of the thread = row word c + 4w), so that the 4 threads of a quad read 16
 // consecutive bytes per load and, in the decode kernels' shared-memory stages, the rows of a
 // warp's 8 K tokens spread over all 32 banks (see head_offsets in paged_attention.cu).
-// fp8, nvfp4, auto: thread c owns D/4 consecutive dims. (fp8 interleaved measured 4–5 %
-// slower in the paged kernel and 4 % faster in the per-head one, H200 session 4; the paged
-// kernel is the one at the target batch sizes.)
+// nvfp4, auto: thread c owns D/4 consecutive dims.
+// fp8 history: session 4 measured the interleave 4–5 % slower in the paged kernel of the time
+// (which then read rows from global memory) and 4 % faster in the per-head one, so fp8 read
+// consecutive bytes. Since the paged kernel stages tiles in shared memory, those consecutive
+// bytes are an 8-way bank conflict on every K word and 4-way on every V word at 8 KV heads
+// (token stride 8·132 bytes ≡ 8 banks): Nsight Compute, session 20, B = 32 × 8k: 21.2 M
+// conflicts per launch (161 extra wavefronts per tile; int8 0.2 M), LDS the top stall (mio
+// throttle 18.9 % of samples). So fp8 is interleaved as int8 (docs/perf-notes.md "Session 20");
+// -DKVLAB_DECODE_FP8_CONTIGUOUS builds the consecutive layout for A/B.
+#if defined(KVLAB_DECODE_FP8_CONTIGUOUS)
+constexpr bool FP8_INTERLEAVED = false;
+#else
+constexpr bool FP8_INTERLEAVED = true;
+#endif
 template <int FMT> struct RowWords {
-  static constexpr bool INTERLEAVED = (FMT == INT4 || FMT == INT8);
+  static constexpr bool INTERLEAVED = (FMT == INT4 || FMT == INT8 || (FMT == FP8 && FP8_INTERLEAVED));
 };
 template <int FMT, int D>
 __device__ __forceinline__ int qk_dim(int c, int kk, int p, int h) {
@@ -385,19 +396,22 @@ __device__ __forceinline__ int qk_dim(int c, int kk, int p, int h) {
     return 8 * word + 2 * (kk & 1) + p + 4 * h;
   } else if constexpr (FMT == INT8) {
     return 4 * (c + 4 * kk) + p + 2 * h;  // bytes (p, p+2) of the thread's word kk
+  } else if constexpr (FMT == FP8 && RowWords<FMT>::INTERLEAVED) {
+    return 4 * (c + 4 * kk) + 2 * p + h;  // bytes (2p, 2p+1) of the thread's word kk (row word c + 4kk)
   } else {
-    return c * (D / 4) + 4 * kk + 2 * p + h;  // fp8: bytes (2p, 2p+1) of word kk; auto: pair 2kk+p
+    return c * (D / 4) + 4 * kk + 2 * p + h;  // fp8 (consecutive): bytes (2p, 2p+1) of word kk; auto: pair 2kk+p
   }
 }
 
 // Output dim of the P·V layout: local dim l (0 .. D/8-1) of thread g (lane / 4), the layout of
 // v_operand: int4/nvfp4 nibble l & 7 of the thread's V word l >> 3, int8/fp8 byte l & 3 of word
-// l >> 2, auto element l; int4/int8 V words are interleaved as the K words (thread g owns row
-// words g, g+8, …), fp8/nvfp4/auto own D/8 consecutive dims.
+// l >> 2, auto element l; int4/int8/fp8 V words are interleaved as the K words (thread g owns
+// row words g, g+8, …), nvfp4/auto own D/8 consecutive dims.
 template <int FMT, int D>
 __device__ __forceinline__ int pv_dim(int g, int l) {
   if constexpr (FMT == INT4) return 8 * (g + 8 * (l >> 3)) + (l & 7);
-  else if constexpr (FMT == INT8) return 4 * (g + 8 * (l >> 2)) + (l & 3);
+  else if constexpr (FMT == INT8 || (FMT == FP8 && RowWords<FMT>::INTERLEAVED))
+    return 4 * (g + 8 * (l >> 2)) + (l & 3);
   else return g * (D / 8) + l;
 }
 

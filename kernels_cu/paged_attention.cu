@@ -1667,21 +1667,22 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
   Off of;
   head_offsets<FMT, D>(of, g, c, lane, kvh, H, side_sm, sc0, swizzle_v);
-  // Bank-conflict-free row reads (interleaved words, RowWords; int8): the lanes g and g ^ 1
+  // Bank-conflict-free row reads (interleaved words, RowWords; int8, fp8): the lanes g and g ^ 1
   // read K rows 4 tokens apart (k_token), which share banks when H·ROW ≡ 8 words (mod 32) —
   // 8 KV heads at d = 128 — so the second of two lanes whose first K words share a bank reads
   // its words in the order 1, 2, …, 0 (smem_words_rot1). The V rows need nothing (pv_token).
   // Any rotation is correct; other head counts may keep some conflicts. Measured (H200,
   // B = 32 × 8k, docs/perf-notes.md session 4): shared-load conflicts of the int4 kernel
   // 5.2 M -> 0.97 M, but time within ±1.5 % for every format: int8 takes it (-1.7 %), int4
-  // does not (its 8 selects per tile cost +1.3 %; fp8 reads contiguous rows, RowWords).
-  // KVLAB_PAGED_NOROT turns it off.
+  // does not (its 8 selects per tile cost +1.3 %). fp8 has int8's rows and takes it too since
+  // session 20 (its rows were consecutive bytes until then, RowWords). KVLAB_PAGED_NOROT turns
+  // it off.
   constexpr int KW = TR::KB / 4;
   constexpr bool IL = RowWords<FMT>::INTERLEAVED;
 #ifdef KVLAB_PAGED_NOROT
   constexpr bool ROT = false;
 #else
-  constexpr bool ROT = IL && FMT == INT8;
+  constexpr bool ROT = IL && (FMT == INT8 || FMT == FP8);
 #endif
   int krot = 0;
   if constexpr (ROT) {
