@@ -92,8 +92,8 @@ def test_paged_stage_count(h200, monkeypatch, code, d, h, expect, fit):
     (3, 128, 8, 2, 3),   # int4: two rings of 34,816 B stages; 3 per ring fit in 223 KB (one CTA per SM), big: 2
     (4, 128, 8, 2, 2),   # nvfp4: 36,864 B stages, 2 × 3 + the q staging do not fit (237,568 B)
     (1, 128, 8, 2, 3),   # int8: 33,792 B stages
-    (2, 128, 8, 3, 3),   # fp8: the same stages, 3 per ring by default (PG_DUAL_DEFAULT, session 18)
-    (2, 64, 8, 2, 3),    # fp8 at d = 64: 34,816 B stages, 2 per ring (3 were fitted at d = 128 only)
+    (2, 128, 8, 2, 3),   # fp8: the same stages, 2 per ring as int8 since session 20 (PG_DUAL_NBUF)
+    (2, 64, 8, 2, 3),    # fp8 at d = 64: 34,816 B stages, 2 per ring
     (4, 64, 3, 4, 4),    # nvfp4, 9/3 heads: 7,680 B stages, not big: the 4-stage cap
     (3, 64, 3, 4, 4),    # the shipped model's shape: 6,912 B stages, the 4-stage cap
 ])
@@ -151,15 +151,18 @@ def test_paged_halves_env(monkeypatch):
     (3, [131072], True), (3, [8192] * 8, True),          # batch 1 × 128k −1.7 %, 8 × 8k −3.7 %
     (3, [32768], False), (3, [8192], False), (3, [1024] * 32, False),   # 17 / 8 / 16 tiles: +2.1 / +5.5 / −0.1 %
     (3, [300] * 40 + [60000] * 4, False),               # +10.4 %
-    # fp8 (gain 0.05, parts of >= 64 tiles)
-    (2, [8192] * 32, True), (2, [4096] * 64, True), (2, [131072], True), (2, [32768] * 8, True),
-    (2, [8192] * 8, False), (2, [1024] * 64, False), (2, [1024] * 32, False),   # 32 / 32 / 16 tiles: +0.4 / −0.1 / +1.9 %
-    (2, [300] * 40 + [60000] * 4, False),               # +9.4 %
+    # fp8 (gain 0.05, parts of >= 17 tiles; session 20 call 3, interleaved rows: scripts/decode_fill_ab.py)
+    (2, [8192] * 32, True), (2, [4096] * 64, True), (2, [131072], True), (2, [32768] * 8, True),   # −15.7 / −16.5 / −9.1 / −17.4 %
+    (2, [8192] * 16, True), (2, [32768] * 32, True),    # −8.0 / −21.3 %
+    (2, [8192] * 8, True), (2, [32768], True),          # 32 / 17 tiles: −0.7 / −3.6 %
+    (2, [8192] * 4, False), (2, [1024] * 32, False),    # 16 tiles: +1.2 % (session 19: +1.9 %)
+    (2, [300] * 40 + [60000] * 4, False),               # session 19: +9.4 %
 ])
 def test_dual_pays_where_measured(code, seq_lens, dual):
     """The plan's default CTA form (``_dual_default`` on the two forms' default lists, H200: 132
-    SMs, 264 / 132 slots, the (format, 128, 1) rule of ``PG_DUAL_DEFAULT``) against what session 19
-    measured for these batches (docs/perf-notes.md, with the split query staging)."""
+    SMs, 264 / 132 slots, the (format, 128, 1) rule of ``PG_DUAL_DEFAULT``) against what sessions 19
+    (int8, int4) and 20 (fp8, with its interleaved rows) measured for these batches
+    (docs/perf-notes.md, with the split query staging)."""
     from kvlab.cuda import attention as A
 
     sl = np.asarray(seq_lens)
@@ -195,9 +198,11 @@ def test_dual_pays_where_measured(code, seq_lens, dual):
     (3, 3, [8192] * 8, False), (3, 3, [8192] * 16, False), (3, 3, [32768] * 2, False),
     (3, 3, [32768] * 4, False), (3, 3, [32768] * 8, False),
     (1, 3, [8192] * 4, True), (1, 3, [8192] * 8, True), (1, 3, [32768] * 2, True),   # −8.2 / −6.8 / −4.3 %
-    (1, 8, [8192], False), (2, 8, [8192], False),        # 32/8, 8-tile parts: +6.1 / +1.9 %
+    (1, 8, [8192], False),                               # 32/8, 8-tile parts: int8 +6.1 % …
+    (2, 8, [8192], True), (2, 8, [32768], True), (2, 8, [8192] * 8, True),   # … fp8 (session 20, interleaved): −4.4 / −1.0 / −4.3 %
     (1, 8, [131072], True), (1, 8, [8192] * 32, True),   # −2.9 / −1.4 %
-    (2, 8, [131072], True), (2, 8, [8192] * 32, True),   # −3.3 / −2.7 %
+    (2, 8, [131072], True), (2, 8, [8192] * 32, True),   # session 19: −3.3 / −2.7 %; session 20 B = 32: −3.0 %
+    (2, 3, [8192] * 8, True), (2, 3, [8192] * 64, True),   # fp8 at 9/3 (session 20): +0.6 / +1.6 %, kept as int8's
     (4, 8, [131072], False), (4, 8, [8192] * 32, False),   # nvfp4 32/8: +7.4 / +2.9 % (no rule)
     (3, 8, [131072], False), (3, 8, [8192], False),        # int4 32/8: +2.5 / +2.9 % (no rule)
 ])
@@ -637,7 +642,8 @@ def test_dual_split_staging_smem(h200, monkeypatch):
     stage = A.paged_stage_bytes(1, 128, 8)
     assert A.paged_smem_bytes(1, 128, 8, 8, 2, 2) == 2 * 2 * stage + 8 * 8 * 128 * 2
     base1 = A.paged_smem_bytes(1, 128, 8, 8, 2)
-    nbuf, _ = A._paged_buffers(2, 128, 8, 8, 0, 2)   # fp8's 3 stages per ring still fit with it
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "3")
+    nbuf, _ = A._paged_buffers(2, 128, 8, 8, 0, 2)   # 3 stages per ring of 33,792 B still fit with it
     assert nbuf == 3 and A.paged_smem_bytes(2, 128, 8, 8, 3, 2) <= 227 * 1024 - 4096
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "4")
     assert A._paged_buffers(4, 128, 8, 8, 0, 2)[0] == 2   # nvfp4: 2 × 3 × 36,864 B + 16 KB do not fit

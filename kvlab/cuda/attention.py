@@ -125,16 +125,23 @@ class DualRule(NamedTuple):
 #   int8: −3 … −12 % over parts of ≥ 16 tiles (B = 32 × 8k −5.5 %, batch 1 × 128k −5.6 %), 8-tile
 #         parts +2.4 … +4.1 %; ragged 40 × 300 + 4 × 60k +8 % (short unsplit sequences idle an SM:
 #         the model sees it);
-#   fp8:  −3 … −7 % over parts of ≥ 64 tiles (B = 32 × 8k −6.1 %), −1 … +1.9 % at 16–32
-#         tiles, 8 tiles +2.7 … +5.2 %;
+#   fp8:  refitted in session 20 (call 3, benchmarks/latest/decode/variants_session20/
+#         call3_fill_fp8_*.md) after its rows became interleaved words (no bank conflicts):
+#         −0.7 … −21 % over parts of ≥ 17 tiles (B = 32 × 8k −15.7 %, batch 1 × 32k / 128k −3.6 /
+#         −9.1 %, 8 × 8k −0.7 %), 16 tiles +1.2 % (4 × 8k; session 19, 32 × 1k: +1.9 %); a miss:
+#         batch 1 × 8k, 8 tiles, −1.1 %. (Session 19's conflicted kernel: dual from 64 tiles.);
 #   int4: −1.7 … −7 % over parts of ≥ 32 tiles (batch 1 × 128k −1.7 %, B = 32 × 8k −3.9 %),
 #         16–17 tiles −0.1 / +2.1 %, 8 tiles +4.7 … +5.5 %;
 #   nvfp4: +0.5 … +8.6 % but at B = 8 × 8k / 32k (−2.4 / −0.6 %): not a candidate.
-#   d = 64, 32/8 heads: int8 / fp8 −1.4 … −3.3 % over parts of ≥ 66 tiles, +6.1 / +1.9 % at 8
-#         tiles (batch 1 × 8k); int4 / nvfp4 +1 … +7 % but B = 32 × 8k int4 −1.0 %: not candidates.
+#   d = 64, 32/8 heads: int8 −1.4 … −3.3 % over parts of ≥ 66 tiles, +6.1 % at 8 tiles (batch 1
+#         × 8k); fp8 (session 20, interleaved) −1.0 … −4.4 % in every measured batch, 8-tile parts
+#         included (batch 1 × 8k −4.4 %, 8 × 8k −4.3 %); int4 / nvfp4 +1 … +7 % but B = 32 × 8k
+#         int4 −1.0 %: not candidates.
 #   d = 64, 9/3 heads, the shipped model's (two or three dual-ring CTAs of 6 warps per SM against
 #   four to seven of 3; scripts/decode_fill_ab.py --shape 9/3/64, call2_fill93.md): nvfp4
-#         −4 … −25 % in every batch; fp8 −1.4 … −16 % (the ragged 40 × 300 + 4 × 60k +0.4 %);
+#         −4 … −25 % in every batch; fp8 −1.4 … −16 % (the ragged 40 × 300 + 4 × 60k +0.4 %;
+#         session 20, interleaved: batch 1 × 8k / 128k −15.5 / −8.1 %, B = 8 / 32 / 64 × 8k +0.6 /
+#         +0.7 / +1.6 %, kept as int8's);
 #         int8 −5 … −14 % at batch 1 × 8k / 128k, −2 … −8 % at B = 4 … 16 × 8k and 2 / 8 × 32k
 #         (call 6), 0 … +3.2 % at B = 2 × 8k, 4 × 32k, 32, 64, 1 × 32k and ragged;
 #         int4 −4 … −15 % at batch 1, +11 … +14 % from B = 32 up. The model prices these rows
@@ -146,16 +153,17 @@ class DualRule(NamedTuple):
 #         2 … 8 × 32k and from B = 32 up) — but for batch 1 × 128k (923 parts against 396: −4 … −8 %,
 #         its merge of 923 parts): batch 1 or the same parts.
 PG_DUAL_DEFAULT = {
-    (1, 128, 1): DualRule(0.05, 16), (2, 128, 1): DualRule(0.05, 64), (3, 128, 1): DualRule(0.04, 32),
-    (1, 64, 1): DualRule(0.05, 16), (2, 64, 1): DualRule(0.05, 16),
+    (1, 128, 1): DualRule(0.05, 16), (2, 128, 1): DualRule(0.05, 17), (3, 128, 1): DualRule(0.04, 32),
+    (1, 64, 1): DualRule(0.05, 16), (2, 64, 1): DualRule(0.05, 8),
     (1, 64, 2): DualRule(0.15, 0), (2, 64, 2): DualRule(0.15, 0), (4, 64, 2): DualRule(0.15, 0),
     (3, 64, 2): DualRule(None, 0, max_seqs=1, same_parts=True),
 }
-#: the dual ring's stages per ring where its stages are big (PG_BIG_STAGE; else PG_BIG_STAGE_NBUF):
-#: fp8 at d = 128 measured −2.2 … −2.6 % with 3 against 2 (session 18, joint staging; at d = 64 3
-#: were +3.3 %); with the split staging (session 19, call 5) fp8 3 against 2: B = 32 × 8k +0.2 %,
-#: batch 1 × 128k −2.1 %; int8 / int4 +1 … +4 % with 3, so they keep 2
-PG_DUAL_NBUF = {(2, 128): 3}
+#: the dual ring's stages per ring where its stages are big (PG_BIG_STAGE; else PG_BIG_STAGE_NBUF),
+#: by (format code, head size): none now. fp8 at d = 128 had 3 (session 18: −2.2 … −2.6 % against
+#: 2 with the joint staging; session 19: +0.2 % at B = 32 × 8k, −2.1 % at batch 1 × 128k); with its
+#: interleaved rows (session 20, call 3) 3 stages are +1.9 … +3.6 % from B = 8 × 32k up and at
+#: batch 1 × 128k, −1.6 % at batch 1 × 32k, so fp8 keeps 2 as int8 / int4 (+1 … +4 % with 3)
+PG_DUAL_NBUF: dict[tuple[int, int], int] = {}
 #: first-wave weight of the paged decode's splits (_wave_weighted): with two CTAs per SM, the
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
