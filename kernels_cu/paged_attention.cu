@@ -501,8 +501,9 @@ struct HeadOffsets {
 // into a side: K rows of tokens k_token(g), k_token(g) + 8 (first word), V rows of tokens
 // pv_token(c, 0..3) (first word), the parameter word of token lane & 15 on side lane >> 4,
 // nvfp4 scale bytes. The per-head kernel passes a cache slab, the paged kernel a staged side
-// in shared memory (same formulas). int4/int8 rows are read as interleaved words
-// (RowWords: K words c + 4i, V words g + 8i), fp8/nvfp4/auto as KB / VB consecutive bytes.
+// in shared memory (same formulas). int4/int8/fp8 rows are read as interleaved words
+// (RowWords: K words c + 4i, V words g + 8i; fp8 since session 20), nvfp4/auto as KB / VB
+// consecutive bytes.
 template <int FMT, int D>
 __device__ __forceinline__ void head_offsets(HeadOffsets<FMT, D>& of, int g, int c, int lane, int kvh, int H,
                                              int side, int sbase, int swizzle_v) {
