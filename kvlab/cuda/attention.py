@@ -286,7 +286,7 @@ def _list_time(items: np.ndarray, n_sm: int, weight: float, nh: int, gain: float
     return max(float(t.max()) * per_sm, even) / ((weight + 1.0) * (1.0 + gain))
 
 
-def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain: float,
+def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain: float | None,
                min_tiles: int, per_sm: int = 1) -> bool:
     """Whether the dual-ring CTA's list (``dual``, one slot per SM) is modelled no slower than the
     two-per-SM list (``two``) of the same batch (``_list_time``). Uniform batches: its parts are
@@ -294,9 +294,12 @@ def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain
     59.0 tiles). A ragged batch whose short sequences run unsplit leaves an SM idle behind each
     (one slot per SM): there the two-per-SM list wins (40 × 300 + 4 × 60k tokens: 71 against
     ~55; measured on the H200: dual +6 %, session 18). Parts shorter than ``min_tiles``
-    (``PG_DUAL_DEFAULT``) do not repay the dual ring's longer prologue."""
+    (``PG_DUAL_DEFAULT``) do not repay the dual ring's longer prologue. ``gain`` None: the tile
+    minimum alone decides (no model comparison)."""
     if not len(dual) or int(_row_tiles(dual).max()) < min_tiles:
         return False
+    if gain is None:
+        return True
     return _list_time(dual, n_sm, weight, 2, gain, per_sm) <= _list_time(two, n_sm, weight, 1)
 
 
@@ -309,12 +312,10 @@ def _dual_default(code: int, d: int, two: np.ndarray, dual: np.ndarray, n_sm: in
     two-per-SM parts than dual-ring ones), and ``_dual_pays`` with its gain and tile minimum; two
     CTAs per SM (False) otherwise."""
     rule = PG_DUAL_DEFAULT.get((code, d, min(per_sm, 2)))
-    if rule is None or not len(dual):
+    if rule is None:
         return False
     if rule.max_seqs is not None and n_seqs > rule.max_seqs and not (rule.same_parts and len(two) <= len(dual)):
         return False
-    if rule.gain is None:
-        return int(_row_tiles(dual).max()) >= rule.min_tiles
     return _dual_pays(two, dual, n_sm, weight, rule.gain, rule.min_tiles, per_sm)
 
 
@@ -328,7 +329,7 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     on the H200 (docs/perf-notes.md "Session 10"), a deeper ring of big stages moves the cache
     more slowly (int4 d = 128, 8 heads: 3 stages 0.1051 ms, 2 stages 0.1047–0.1052; auto:
     0.3352 → 0.2729 ms); the dual ring's big stages get ``PG_DUAL_NBUF``'s depth where it has one
-    (fp8 at d = 128: 3 per ring), and its rings step down a stage where its q staging does not fit
+    (none since session 20), and its rings step down a stage where its q staging does not fit
     beside them (nvfp4 at d = 128: 2). ``KVLAB_DECODE_PAGED_NBUF=n`` sets the cap to ``n`` (2 … 4)
     instead (``4``: as many as fit, the session-9 rule)."""
     import cupy

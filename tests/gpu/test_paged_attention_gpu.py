@@ -496,7 +496,7 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
 ])
 def test_paged_default_cta_form(rng, fmt, hkv, d, kv_lens, halves, monkeypatch):
     """With KVLAB_DECODE_PAGED_DUAL unset the plan picks the paged decode's CTA form (sessions 18
-    and 19): the dual ring where PG_DUAL_DEFAULT's rule for the format, head size and dual-ring
+    to 20): the dual ring where PG_DUAL_DEFAULT's rule for the format, head size and dual-ring
     CTAs per SM holds, two CTAs per SM elsewhere; the output matches float64 either way (decode
     batches of 1 or 2 sequences; 8 KV heads of 4 query heads at d = 128 is the issue's decode
     shape, 3 of 3 at d = 64 the shipped model's)."""
