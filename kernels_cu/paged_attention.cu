@@ -1526,18 +1526,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
   const int side_sm = TT * H * ROW;                                      // one side of a stage
   const int stage_sm = 2 * side_sm;
-  // KVLAB_DECODE_KV_JOINT (A/B; docs/perf-notes.md "Session 21"): a staged chunk keeps its K and
-  // V rows together, as the cache does (one block's slab is its K side, then its V side), so that
-  // at block size 16 each chunk is one bulk copy of 2·16·H·ROW bytes instead of two. Stages of one
-  // chunk (TT = 16: int8, fp8, auto at d = 128) have this layout already; nvfp4 keeps its own
-  // (data and scale parts per side).
-#ifdef KVLAB_DECODE_KV_JOINT
-  constexpr bool KVJ = FMT != NVFP4;
-#else
-  constexpr bool KVJ = false;
-#endif
-  const int vside = KVJ ? 16 * H * ROW : side_sm;        // a staged K row -> its V row
-  const int cstr = KVJ ? 32 * H * ROW : 16 * H * DROW;   // staged chunk j -> j + 1
   uint8_t* const ring = dsm + (NH == 1 ? 0 : half * nbuf * stage_sm);   // this half's stage buffers
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
 #ifndef KVLAB_DECODE_NO_ITEM_META
@@ -1565,15 +1553,11 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       if (blk < 0) blk = bt[p0 >> bs_log2];
       const int o = p0 & (BS - 1);
       const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
-      if (KVJ && BS == 16) {   // the block's K and V sides are adjacent: one copy
-        bulk_copy_g2s(sbuf + j * cstr, slab, 32u * H * ROW, &full_bar[b]);
-        continue;
-      }
 #pragma unroll
       for (int side = 0; side < 2; ++side) {
         const uint8_t* src = slab + side * side_stride;
-        uint8_t* dst = sbuf + side * vside;
-        bulk_copy_g2s(dst + j * cstr, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
+        uint8_t* dst = sbuf + side * side_sm;
+        bulk_copy_g2s(dst + j * 16 * H * DROW, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
                       &full_bar[b]);
         if constexpr (FMT == NVFP4)
           bulk_copy_g2s(dst + TT * H * (D / 2) + j * 16 * H * S, src + sbase + static_cast<size_t>(o) * H * S,
@@ -1683,7 +1667,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int HR = H * DROW;
   const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
   Off of;
-  head_offsets<FMT, D>(of, g, c, lane, kvh, H, vside, sc0, swizzle_v);
+  head_offsets<FMT, D>(of, g, c, lane, kvh, H, side_sm, sc0, swizzle_v);
   // Bank-conflict-free row reads (interleaved words, RowWords; int8, fp8): the lanes g and g ^ 1
   // read K rows 4 tokens apart (k_token), which share banks when H·ROW ≡ 8 words (mod 32) —
   // 8 KV heads at d = 128 — so the second of two lanes whose first K words share a bank reads
@@ -1714,7 +1698,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // This thread's raw words of chunk j of a staged buffer; MK: zeros past L.
   auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
-    const uint8_t* base = sbuf + j * cstr;
+    const uint8_t* base = sbuf + j * 16 * HR;
     const bool in_g = !MK || p0 + kt < L, in_g8 = !MK || p0 + kt + 8 < L;
     if constexpr (IL) {
       // the K row kt + 8 sits 8·HR bytes after row kt: the same per-lane offsets
@@ -1739,7 +1723,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       for (int i = 0; i < 4; ++i) {
         const bool ok = !MK || p0 + t4[i] < L;
         const uint32_t wk = *reinterpret_cast<const uint32_t*>(base + pk0 + 4 * i * HR);
-        const uint32_t wv = *reinterpret_cast<const uint32_t*>(base + pk0 + vside + 4 * i * HR);
+        const uint32_t wv = *reinterpret_cast<const uint32_t*>(base + pk0 + side_sm + 4 * i * HR);
         r.kp[i] = ok ? wk : 0u;
         r.vp[i] = ok ? wv : 0u;
       }
@@ -1787,7 +1771,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   auto fill_full = [&](Raw& r, uint32_t o, auto hc_tag) {   // o = buffer offset + chunk·16·H·ROW
     constexpr int HC = decltype(hc_tag)::value;
     const uint32_t hr = HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR);
-    const uint32_t hr4 = 4u * hr, hr8 = 8u * hr, sside = (KVJ ? 16 : TT) * hr;   // vside
+    const uint32_t hr4 = 4u * hr, hr8 = 8u * hr, sside = TT * hr;   // side_sm = TT·H·ROW
 #ifdef KVLAB_DECODE_STAGE_NVFP4
     if constexpr (FMT == NVFP4) {   // KB / VB consecutive bytes (16-byte loads at d = 128)
       smem_words<TR::KB, TR::ALIGN>(lk + o, r.ka, true);
@@ -1871,7 +1855,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
           if constexpr (FMT == INT4) {
             Raw ra, rb;
             fill_full(ra, boff, hc_tag);
-            fill_full(rb, boff + (KVJ ? 2u : 1u) * hr16, hc_tag);
+            fill_full(rb, boff + hr16, hc_tag);
             stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
           }
 #ifdef KVLAB_DECODE_STAGE_NVFP4
