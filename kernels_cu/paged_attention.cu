@@ -1300,7 +1300,8 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 // one side is 16 consecutive slots of one page for every KV head: 16·H·ROW contiguous bytes,
 // 16-byte aligned (SPEC 2 NHD layout; nvfp4: a data part 16·H·D/2 and a scale part 16·H·D/16).
 // One thread copies each stage with Hopper bulk copies (TMA, bulk_copy.cuh: one instruction
-// per chunk and side, whole DRAM sectors, no per-row gather) into a ring of `nbuf` stage
+// per chunk — its K and V sides, adjacent in the cache at block size 16 — whole DRAM sectors,
+// no per-row gather; a staged chunk is laid out as its block) into a ring of `nbuf` stage
 // buffers, `nbuf - 1` stages ahead of the one being decoded; full/empty mbarriers order the
 // ring (no __syncthreads in the loop). Each warp reads its KV head's rows of a chunk from
 // shared memory into the registers of the per-head kernel (HeadRaw; the 4-byte row alignment
@@ -1526,6 +1527,22 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const size_t sbase = static_cast<size_t>(BS) * H * (D / 2);            // nvfp4 scale part of a slab
   const int side_sm = TT * H * ROW;                                      // one side of a stage
   const int stage_sm = 2 * side_sm;
+  // A staged chunk keeps its K and V rows together, as the cache does (one block's slab is its K
+  // side, then its V side; an nvfp4 side is its data part, then its scale part), so that at block
+  // size 16 each chunk is one bulk copy of 2·16·H·ROW bytes instead of two (nvfp4: four, two of
+  // them 16·H·S = 1 KB). Stages of one chunk (TT = 16: int8, fp8, auto at d = 128) had this
+  // layout already. Measured (H200, session 21; docs/perf-notes.md "Session 21"): nvfp4 −3 … −4 %,
+  // int4 −0.5 … −1 %, int8 / fp8 flat. -DKVLAB_DECODE_KV_SPLIT builds the layout of sessions
+  // 7-20 (a stage = its K side, then its V side; nvfp4: data then scales per side) for A/B.
+#ifndef KVLAB_DECODE_KV_SPLIT
+  constexpr bool KVJ = true;
+#else
+  constexpr bool KVJ = false;
+#endif
+  const int vside = KVJ ? 16 * H * ROW : side_sm;                  // a staged K row -> its V row
+  const int cstr = KVJ ? 32 * H * ROW : 16 * H * DROW;             // staged chunk j -> j + 1 (codes)
+  const int cstr_s = KVJ ? 32 * H * ROW : 16 * H * S;              // … (nvfp4 scales)
+  const int sc0 = KVJ ? 16 * H * (D / 2) : TT * H * (D / 2);       // nvfp4: scale part of a staged side
   uint8_t* const ring = dsm + (NH == 1 ? 0 : half * nbuf * stage_sm);   // this half's stage buffers
   const int* bt = block_table + static_cast<size_t>(seq) * bt_stride;
 #ifndef KVLAB_DECODE_NO_ITEM_META
@@ -1553,14 +1570,18 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       if (blk < 0) blk = bt[p0 >> bs_log2];
       const int o = p0 & (BS - 1);
       const uint8_t* slab = cache + static_cast<size_t>(blk) * 2 * side_stride;
+      if (KVJ && BS == 16) {   // the block's K and V sides are adjacent: one copy
+        bulk_copy_g2s(sbuf + j * cstr, slab, 32u * H * ROW, &full_bar[b]);
+        continue;
+      }
 #pragma unroll
       for (int side = 0; side < 2; ++side) {
         const uint8_t* src = slab + side * side_stride;
-        uint8_t* dst = sbuf + side * side_sm;
-        bulk_copy_g2s(dst + j * 16 * H * DROW, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
+        uint8_t* dst = sbuf + side * vside;
+        bulk_copy_g2s(dst + j * cstr, src + static_cast<size_t>(o) * H * DROW, 16u * H * DROW,
                       &full_bar[b]);
         if constexpr (FMT == NVFP4)
-          bulk_copy_g2s(dst + TT * H * (D / 2) + j * 16 * H * S, src + sbase + static_cast<size_t>(o) * H * S,
+          bulk_copy_g2s(dst + sc0 + j * cstr_s, src + sbase + static_cast<size_t>(o) * H * S,
                         16u * H * S, &full_bar[b]);
       }
     }
@@ -1665,9 +1686,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int t4[4] = {pv_token(c, 0), pv_token(c, 1), pv_token(c, 2), pv_token(c, 3)};
   const int kt = k_token(g);   // K rows of tokens kt, kt + 8
   const int HR = H * DROW;
-  const int sc0 = TT * H * (D / 2);   // nvfp4: scale part of a staged side
   Off of;
-  head_offsets<FMT, D>(of, g, c, lane, kvh, H, side_sm, sc0, swizzle_v);
+  head_offsets<FMT, D>(of, g, c, lane, kvh, H, vside, sc0, swizzle_v);
   // Bank-conflict-free row reads (interleaved words, RowWords; int8, fp8): the lanes g and g ^ 1
   // read K rows 4 tokens apart (k_token), which share banks when H·ROW ≡ 8 words (mod 32) —
   // 8 KV heads at d = 128 — so the second of two lanes whose first K words share a bank reads
@@ -1698,7 +1718,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // This thread's raw words of chunk j of a staged buffer; MK: zeros past L.
   auto fill = [&](Raw& r, const uint8_t* sbuf, int j, int p0, auto masked_tag) {
     constexpr bool MK = decltype(masked_tag)::value;
-    const uint8_t* base = sbuf + j * 16 * HR;
+    const uint8_t* base = sbuf + j * cstr;
     const bool in_g = !MK || p0 + kt < L, in_g8 = !MK || p0 + kt + 8 < L;
     if constexpr (IL) {
       // the K row kt + 8 sits 8·HR bytes after row kt: the same per-lane offsets
@@ -1723,13 +1743,13 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       for (int i = 0; i < 4; ++i) {
         const bool ok = !MK || p0 + t4[i] < L;
         const uint32_t wk = *reinterpret_cast<const uint32_t*>(base + pk0 + 4 * i * HR);
-        const uint32_t wv = *reinterpret_cast<const uint32_t*>(base + pk0 + side_sm + 4 * i * HR);
+        const uint32_t wv = *reinterpret_cast<const uint32_t*>(base + pk0 + vside + 4 * i * HR);
         r.kp[i] = ok ? wk : 0u;
         r.vp[i] = ok ? wv : 0u;
       }
     }
     if constexpr (FMT == NVFP4) {
-      const uint8_t* sb = sbuf + j * 16 * H * S;
+      const uint8_t* sb = sbuf + j * cstr_s;
       smem_words<S, 4>(sb + of.skg, r.skg, in_g);
       smem_words<S, 4>(sb + of.skg8, r.skg8, in_g8);
 #pragma unroll
@@ -1771,7 +1791,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   auto fill_full = [&](Raw& r, uint32_t o, auto hc_tag) {   // o = buffer offset + chunk·16·H·ROW
     constexpr int HC = decltype(hc_tag)::value;
     const uint32_t hr = HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR);
-    const uint32_t hr4 = 4u * hr, hr8 = 8u * hr, sside = TT * hr;   // side_sm = TT·H·ROW
+    const uint32_t hr4 = 4u * hr, hr8 = 8u * hr, sside = (KVJ ? 16 : TT) * hr;   // vside
 #ifdef KVLAB_DECODE_STAGE_NVFP4
     if constexpr (FMT == NVFP4) {   // KB / VB consecutive bytes (16-byte loads at d = 128)
       smem_words<TR::KB, TR::ALIGN>(lk + o, r.ka, true);
@@ -1852,10 +1872,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
         auto body = [&](auto hc_tag) {
           constexpr int HC = decltype(hc_tag)::value;
           const uint32_t hr16 = 16u * (HC ? static_cast<uint32_t>(HC * DROW) : static_cast<uint32_t>(HR));
+          // KVJ: staged chunk 0 -> 1 (cstr, as a compile-time step where the head count is)
+          const uint32_t cs16 = 32u * (HC ? static_cast<uint32_t>(HC * ROW) : static_cast<uint32_t>(H * ROW));
           if constexpr (FMT == INT4) {
             Raw ra, rb;
             fill_full(ra, boff, hc_tag);
-            fill_full(rb, boff + hr16, hc_tag);
+            fill_full(rb, boff + (KVJ ? cs16 : hr16), hc_tag);
             stage_pair_int4<D, T>(ra, rb, acc, m, l, z, qa, nq, cs, mlo, lane);
           }
 #ifdef KVLAB_DECODE_STAGE_NVFP4
@@ -1866,11 +1888,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
             if constexpr (CPT == 2) {
               const uint32_t hs16 = 16u * (HC ? static_cast<uint32_t>(HC * S) : static_cast<uint32_t>(H * S));
               Raw rb;
-              fill_full(rb, boff + hr16, hc_tag);
-              fill_scales(rb, boff + hs16, hc_tag);
+              fill_full(rb, boff + (KVJ ? cs16 : hr16), hc_tag);
+              fill_scales(rb, boff + (KVJ ? cs16 : hs16), hc_tag);
               stage_body_nvfp4<D, T, 2>(ra, rb, acc, m, l, z, qa, kc, mlo, mhi, lane);
             } else {
               (void)hr16;
+              (void)cs16;
               stage_body_nvfp4<D, T, 1>(ra, ra, acc, m, l, z, qa, kc, mlo, mhi, lane);
             }
           }
