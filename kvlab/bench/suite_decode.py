@@ -23,7 +23,8 @@ Every kvlab format runs on both decode kernels, side by side (``impl`` = ``kvlab
 and ``paged`` (``paged_attention_decode_paged``, one CTA for all KV heads, sm_90, whole pages
 copied into a ring of shared-memory stages by bulk copies; the whole-call row uses the
 default ``decode_variant="auto"``). ``notes`` give the plan's CTAs, reductions and variant
-(and the fallback reason if ``paged`` did not apply).
+(and the fallback reason if ``paged`` did not apply), and mark the row of the kernel that the
+default ``decode_variant="auto"`` picks for that case.
 
 kvlab rows time :meth:`kvlab.cuda.attention.AttentionPlan.run` — the kernels only (GPU time
 between two events, the host's enqueue work hidden behind a GPU wait: ``timing.bench_ms``;
@@ -183,6 +184,8 @@ def run(quick: bool, progress) -> list[dict]:
                 row_bytes = _row_bytes(name, d)
                 nbytes = 2 * B * ctx * Hkv * row_bytes
                 cp = copy_bandwidth_gbps(nbytes, repeats)
+                # the kernel the default (decode_variant="auto") picks here: its row is marked
+                chosen = plan_paged_attention(*args, name).decode_variant
                 for variant in VARIANTS:
                     plan = plan_paged_attention(*args, name, decode_variant=variant)
                     r = bench_ms(lambda: plan.run(*args, out=out), repeats)
@@ -201,6 +204,8 @@ def run(quick: bool, progress) -> list[dict]:
                         notes += f"; {plan.decode_variant_note}"
                     notes += f"; {r['median_ms'] / floor_ms[row_bytes]:.2f}x read floor"
                     notes += f"; host {r['host_ms']:.3f} ms/call (not timed)"
+                    if variant == chosen:
+                        notes += "; the default (auto) picks this kernel here"
                     if (B, ctx, d) == (64, 4096, 128) and name == "int4_per_token_head":
                         notes += f"; vLLM Triton INT4 {VLLM_TRITON_INT4_MS} ms (quoted) -> " \
                                  f"{VLLM_TRITON_INT4_MS / r['median_ms']:.1f}x faster"

@@ -94,9 +94,17 @@ MIN_SPLIT_TOKENS = 256  # a split gives each of the NW warps at least 4 tiles of
 DECODE_VARIANTS = ("auto", "per_head", "paged")
 DEFAULT_DECODE_VARIANT = "auto"
 #: "auto" picks the paged kernel for these formats when (decode sequences × KV heads) reaches
-#: this many SMs' worth of work (measured on the H200: docs/perf-notes.md, paged decode v2)
+#: this many SMs' worth of work (measured on the H200: docs/perf-notes.md, paged decode v2;
+#: nvfp4 2.0 → 1.0 in session 21: at B = 32 × 1k / 8k it was 16–19 % faster than per_head) …
 AUTO_PAGED_MIN_SM_FRACTION = {"int8_per_token_head": 1.0, "fp8_per_token_head": 1.0,
-                              "int4_per_token_head": 1.0, "nvfp4": 2.0}
+                              "int4_per_token_head": 1.0, "nvfp4": 1.0}
+#: … or when the decode reads at least this many (token, KV head) rows (Σ over the decode
+#: sequences of the context they attend to, times the KV heads): since the paged kernel splits a
+#: sequence over the SMs it fills the GPU from one sequence up, and the per-sequence rule above
+#: left it 13–75 % slower at batch 1–8 over long contexts (session 21: the H200 decode grid
+#: measures both kernels in every cell; _auto_wants_paged, docs/perf-notes.md "Session 21").
+AUTO_PAGED_MIN_ROWS = {"int8_per_token_head": 1 << 17, "fp8_per_token_head": 1 << 17,
+                       "int4_per_token_head": 1 << 17, "nvfp4": 1 << 19}
 PG_MAXW = 8                 # column groups (warps) per CTA of the paged decode kernel
 PG_MAXBUF = 4               # its stage buffers at most (PG_MAXBUF in paged_attention.cu)
 PG_BIG_STAGE = 32 * 1024    # stages this big (all formats at d = 128 with 8 KV heads) …
@@ -426,6 +434,31 @@ def prefill_smem_bytes(d: int, variant: str = "mma") -> int:
         stages = prefill_geometry(variant).stages
         return stages * (256 * d + 512) + 256 * d
     return 768 * d + 7168
+
+
+def _auto_wants_paged(fmt_name: str, d: int, num_kv_heads: int, dec_lens, window: int, n_sm: int) -> bool:
+    """Whether ``decode_variant="auto"`` takes the paged kernel (sm_90; the plan falls back to
+    per_head with a note where it cannot) for a decode over sequences of KV lengths ``dec_lens``
+    (int array, one per decode sequence): where decode sequences × KV heads reach
+    ``AUTO_PAGED_MIN_SM_FRACTION`` SMs' worth, or the rows it reads (each sequence's attended
+    context — ``window`` tokens at most when > 0 — times the KV heads) reach
+    ``AUTO_PAGED_MIN_ROWS``. One exception, measured: int4 at head size 64 with ≤ 4 KV heads and a
+    single decode sequence stays on per_head (the shipped model's 9/3 heads at batch 1 × 128k:
+    per_head 0.0298 ms, paged 0.0376). Fitted on session 21's H200 decode grid; where it picks the
+    slower kernel there (tests/test_attention_plan.py, test_auto_variant_where_measured) it loses
+    ≤ 15 %, ≤ 2 µs."""
+    if fmt_name not in AUTO_PAGED_MIN_SM_FRACTION:
+        return False
+    lens = np.asarray(dec_lens, dtype=np.int64)
+    n = int(lens.size)
+    if n == 0:
+        return False
+    if n * num_kv_heads >= AUTO_PAGED_MIN_SM_FRACTION[fmt_name] * n_sm:
+        return True
+    if fmt_name == "int4_per_token_head" and d == 64 and num_kv_heads <= 4 and n == 1:
+        return False
+    span = np.minimum(lens, window) if window > 0 else lens
+    return int(span.sum()) * num_kv_heads >= AUTO_PAGED_MIN_ROWS[fmt_name]
 
 
 def _variant_choice(value, env: str, default: str, choices, arg: str) -> tuple[str, str]:
@@ -1163,9 +1196,9 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
 
     variant, note, paged_smem, nbuf, nh = "per_head", "", 0, 0, 1
     want_paged = decode_variant == "paged"
-    if decode_variant == "auto" and fmt.name in AUTO_PAGED_MIN_SM_FRACTION:
-        work = int(np.count_nonzero(qlen_dec)) * Hkv
-        want_paged = work >= AUTO_PAGED_MIN_SM_FRACTION[fmt.name] * _device_props(dev)[0]
+    if decode_variant == "auto":
+        want_paged = _auto_wants_paged(fmt.name, d, Hkv, np.asarray(sl_h)[qlen_dec > 0], window,
+                                       _device_props(dev)[0])
     if want_paged:
         nh = _paged_halves(code, d)
         nbuf, note = _paged_buffers(code, d, Hkv, ny, dev, nh)

@@ -665,7 +665,8 @@ def test_decode_variants_agree(rng, fmt, shape, monkeypatch):
 def test_decode_variant_selection(rng, monkeypatch):
     """KVLAB_DECODE_VARIANT picks the kernel, the argument wins, bad names raise, a shape the
     paged kernel cannot take (16 column groups) falls back to per_head with a note, and "auto"
-    (the default) picks by format and the amount of decode work."""
+    (the default) picks by format and the amount of decode work (sequences × KV heads, or the
+    rows one long sequence reads: _auto_wants_paged)."""
     from kvlab.cuda.attention import DEFAULT_DECODE_VARIANT
 
     case = build_case(rng, "int4_per_token_head", 2, 4, 64, 16, [1, 1], [50, 300])
@@ -707,6 +708,21 @@ def test_decode_variant_selection(rng, monkeypatch):
         out[...] = float("nan")
         pm.run(dm["q"], dm["kv_cache"], dm["block_table"], dm["seq_lens"], dm["query_start_loc"], out=out)
         check_close(to_host(out).astype(np.float64), run_ref(many), "bfloat16", f"auto variant, {nseq} sequences")
+    # … and for one long sequence once the rows it reads reach AUTO_PAGED_MIN_ROWS (session 21:
+    # the split paged kernel fills the GPU from one sequence up), not one row fewer
+    from kvlab.cuda.attention import AUTO_PAGED_MIN_ROWS
+
+    need = AUTO_PAGED_MIN_ROWS["int8_per_token_head"] // 8
+    for L, want in ((need, "paged"), (need - 1, "per_head")):
+        one = build_case(rng, "int8_per_token_head", 8, 4, 64, 16, [1], [L])
+        do = {k: to_device(one[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+        po = plan_paged_attention(do["q"], do["kv_cache"], do["block_table"], do["seq_lens"],
+                                  do["query_start_loc"], one["kv_cache_dtype"])
+        assert po.decode_variant == want, (L, po.decode_variant_note)
+        out = do["q"].clone()
+        out[...] = float("nan")
+        po.run(do["q"], do["kv_cache"], do["block_table"], do["seq_lens"], do["query_start_loc"], out=out)
+        check_close(to_host(out).astype(np.float64), run_ref(one), "bfloat16", f"auto variant, 1 x {L}")
 
 
 def test_tolerance_rejects_wrong_outputs(rng):
