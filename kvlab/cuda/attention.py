@@ -19,9 +19,9 @@ plan/run:
   first chunks (``_item_meta``), so the paged decode kernel starts its copies after
   one load.
 * Decode work items run on one of two kernels (``decode_variant``; the default ``"auto"``
-  takes ``"paged"`` for int8/fp8 caches when decode sequences × KV heads ≥ the SM count and
-  for nvfp4 at twice that — where it measured faster on the H200 — and ``"per_head"``
-  otherwise):
+  takes ``"paged"`` for the quantized caches when decode sequences × KV heads ≥ the SM count
+  or the decode reads ≥ 2^17 (token, KV head) rows, 2^19 for nvfp4 — where it measured faster
+  on the H200, ``_auto_wants_paged`` — and ``"per_head"`` otherwise):
 
   - ``"per_head"`` — ``paged_attention_decode``: one CTA per (work item, column
     group), its warps gather their KV head's rows straight from global memory;
