@@ -765,9 +765,9 @@ AUTO_GRID_SESSION21 = [
 
 def test_auto_variant_where_measured():
     """``decode_variant="auto"`` (``_auto_wants_paged``, 132 SMs) against every cell of session 21's
-    grid: it picks the faster kernel, or loses at most 15 % and 2 µs — the misses are listed (the
-    shipped model's 9/3 heads at batch 1 × 8k, where paged is 9–15 % faster on a 12–14 µs call,
-    and three cells within 2 %). Before session 21 the rule (sequences × KV heads only) picked
+    grid: it picks the faster kernel, or loses at most 15 % and 2 µs — the six misses are listed
+    (the shipped model's 9/3 heads at batch 1 × 8k, four formats, where paged is 8.6–14.8 % faster
+    on a 12–14 µs call, and two cells within 2 %). Before session 21 the rule (sequences × KV heads only) picked
     per_head at batch 1–8 over long contexts, 13–75 % slower (e.g. int4 at 8 × 128k: 0.4946 ms
     against 0.2830)."""
     from kvlab.cuda import attention as A
