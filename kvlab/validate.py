@@ -80,11 +80,13 @@ def check_reshape_and_cache(key, value, kv_cache, slot_mapping, kv_cache_dtype, 
 
 def check_paged_attention(
     q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype, softmax_scale,
-    k_scale, v_scale, sliding_window, q_dtypes=checks.FLOAT_DTYPES,
+    k_scale, v_scale, sliding_window, q_dtypes=checks.FLOAT_DTYPES, host_index=None,
 ):
     """Validate SPEC 2.4's arguments; returns ``(fmt, dims, backend, meta)``.
 
-    ``meta`` holds host copies of the index arrays and the derived numbers.
+    ``meta`` holds host copies of the index arrays and the derived numbers. ``host_index``:
+    ``(query_start_loc, seq_lens, block_table)`` already copied to the host by the caller (NumPy,
+    equal to the device arrays), so that this does not copy them again.
     """
     fmt = _formats.get_format(kv_cache_dtype)
     backend = checks.check_same_backend(
@@ -104,7 +106,8 @@ def check_paged_attention(
     S = arrays.shape(block_table)[0]
     checks.check_array(seq_lens, "seq_lens", dtypes=("int32",), shape=(S,))
     checks.check_array(query_start_loc, "query_start_loc", dtypes=("int32",), shape=(S + 1,))
-    qsl, sl, bt = arrays.to_host_many(query_start_loc, seq_lens, block_table)  # one sync
+    qsl, sl, bt = (host_index if host_index is not None
+                   else arrays.to_host_many(query_start_loc, seq_lens, block_table))  # one sync
     qsl, sl = qsl.astype(np.int64), sl.astype(np.int64)
     if qsl[0] != 0:
         raise ValueError(f"query_start_loc: must start at 0, got {int(qsl[0])}")

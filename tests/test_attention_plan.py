@@ -808,3 +808,76 @@ def test_auto_variant_rule_edges():
     # int4, d = 64, ≤ 4 KV heads, one sequence: per_head (measured), not with 8 KV heads
     assert not A._auto_wants_paged("int4_per_token_head", 64, 3, [131072], 0, 132)
     assert A._auto_wants_paged("int4_per_token_head", 64, 8, [131072], 0, 132)
+
+
+def test_paged_attention_plan_cache(monkeypatch):
+    """``paged_attention``'s plan cache (``_cached_plan``), its device parts faked (the arrays are
+    NumPy arrays posing as CuPy ones, the planner counts its calls): equal index contents and
+    arguments reuse a plan — new array objects included —; a changed block-table entry, KV length,
+    query shape, scale, stream or ``KVLAB_*`` variable plans again; a tensor-like scale is never
+    cached; the cache keeps the ``PLAN_CACHE_SIZE`` most recently used plans.
+    (tests/gpu/test_paged_attention_gpu.py, test_plan_cache_follows_the_index_arrays: the same on
+    the GPU, outputs against float64.)"""
+    from kvlab.cuda import attention as A
+
+    made = []
+
+    def fake_plan(q, kv, bt, sl, qsl, *args, host_index=None, **kw):
+        assert host_index is not None and np.array_equal(host_index[2], bt)   # no second copy
+        made.append(object())
+        return made[-1]
+
+    stream = [7]
+    monkeypatch.setattr(A, "plan_paged_attention", fake_plan)
+    monkeypatch.setattr(A.arrays, "kind", lambda x: "cupy")
+    monkeypatch.setattr(A.arrays, "device_id", lambda x: 0)
+    monkeypatch.setattr(A.arrays, "to_host_many", lambda *xs: [np.array(x) for x in xs])
+    monkeypatch.setattr(A.L, "stream_ptr", lambda x: stream[0])
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL", raising=False)
+    A.clear_plan_cache()
+    rng = np.random.default_rng()
+    q = np.zeros((3, 8, 64), np.float16)
+    kv = np.zeros((40, 2, 16, 2, 64), np.float16)
+    bt = rng.permutation(40).astype(np.int32)[:36].reshape(3, 12)
+    sl = rng.integers(1, 190, 3).astype(np.int32)
+    qsl = np.arange(4, dtype=np.int32)
+    args = ("auto", None, 1.0, 1.0, None)
+    kw = dict(decode_variant=None, prefill_variant=None)
+
+    def plan(q=q, bt=bt, sl=sl, args=args):
+        return A._cached_plan(q, kv, bt, sl, qsl, args, kw)
+
+    p0 = plan()
+    assert plan() is p0 and plan(bt=bt.copy(), sl=sl.copy()) is p0 and len(made) == 1
+    bt2 = bt.copy()
+    bt2[1, 0] = bt[2, 5]
+    p1 = plan(bt=bt2)
+    assert p1 is not p0
+    sl2 = sl.copy()
+    sl2[0] += 1
+    p2 = plan(sl=sl2)
+    assert p2 not in (p0, p1) and plan() is p0 and plan(bt=bt2) is p1 and len(made) == 3
+    assert plan(q=np.zeros((3, 8, 64), np.float32)) not in (p0, p1, p2)          # dtype
+    assert plan(args=("auto", None, 0.5, 1.0, None)) is made[-1] and len(made) == 5   # k_scale
+    stream[0] = 8
+    assert plan() is made[-1] and len(made) == 6
+    stream[0] = 7
+    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1")
+    assert plan() is made[-1] and len(made) == 7
+    monkeypatch.delenv("KVLAB_DECODE_PAGED_DUAL")
+    assert plan() is p0 and len(made) == 7
+    # a scale that is not a plain number (could change in place): planned every time, not kept
+    n = len(A._PLAN_CACHE)
+    odd = ("auto", None, np.ones(1), 1.0, None)
+    assert plan(args=odd) is not plan(args=odd) and len(A._PLAN_CACHE) == n
+    # bounded, least recently used out first: p0 (used last) and SIZE - 1 newer plans fit ...
+    assert plan() is p0
+    for k in range(A.PLAN_CACHE_SIZE - 1):
+        plan(args=("auto", None, 1.0, 2.0 + k, None))
+    assert plan() is p0 and len(A._PLAN_CACHE) == A.PLAN_CACHE_SIZE
+    # ... SIZE newer ones push it out
+    for k in range(A.PLAN_CACHE_SIZE):
+        plan(args=("auto", None, 1.0, 20.0 + k, None))
+    assert len(A._PLAN_CACHE) == A.PLAN_CACHE_SIZE and plan() is not p0
+    A.clear_plan_cache()
+    assert not A._PLAN_CACHE

@@ -59,15 +59,19 @@ plan/run:
 """
 from __future__ import annotations
 
+import collections
 import functools
+import itertools
 import math
 import os
+import threading
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import arrays, validate
+from ..formats.base import CacheFormat
 from . import launch as L
 from .loader import KernelSpec, get_kernel, register
 
@@ -709,12 +713,12 @@ def pdl_merge(device_id) -> bool:
     no ``griddepcontrol.wait``, so an early launch could read partials not yet written) or the
     environment variable ``KVLAB_DECODE_PDL`` is ``0`` (A/B in one process; ``1`` is the default).
     Read when a plan is built."""
-    from .loader import compile_options
+    from .loader import user_options
 
     env = os.environ.get("KVLAB_DECODE_PDL", "")
     if env not in ("", "0", "1"):
         raise ValueError(f"KVLAB_DECODE_PDL: expected 0 or 1, got {env!r}")
-    if env == "0" or "-DKVLAB_DECODE_NO_PDL" in compile_options():
+    if env == "0" or "-DKVLAB_DECODE_NO_PDL" in user_options():
         return False
     return _compute_capability(device_id) >= 90
 
@@ -1125,7 +1129,7 @@ def _prefill_list(qlen, seqs, tokens_per_cta):
 def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
                          softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
                          num_splits=None, prefill_kernel=None, decode_variant=None,
-                         prefill_variant=None) -> AttentionPlan:
+                         prefill_variant=None, host_index=None) -> AttentionPlan:
     """Validate and build the work list (see module docstring).
 
     ``num_splits`` forces the split count of the decode kernel; ``prefill_kernel`` (bool)
@@ -1137,7 +1141,9 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     None: the ``KVLAB_PREFILL_VARIANT`` environment variable, else ``"auto"``: ``"wgmma"`` on
     compute capability 9.0, ``"mma"`` elsewhere); the plan's ``prefill_variant`` is the kernel it
     launches. An explicit ``"wgmma"`` on a device that is not compute capability 9.0 raises
-    ``ValueError``.
+    ``ValueError``. ``host_index``: NumPy copies of ``(query_start_loc, seq_lens, block_table)``
+    the caller has already read (they must equal the device arrays; :func:`paged_attention`'s
+    plan cache passes them), else the plan copies them (one synchronizing copy).
 
     Range of the ``"wgmma"`` kernel with ``int4_per_token_head``: its producer scales K into fp16
     tiles (times 2^-4, ``kernels_cu/prefill_common.cuh``, ``KVLAB_WGMMA_KV_PRESCALE``), which hold
@@ -1149,7 +1155,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
                                         DECODE_VARIANTS, "decode_variant")
     fmt, dims, backend, meta = validate.check_paged_attention(
         q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype, softmax_scale,
-        k_scale, v_scale, sliding_window,
+        k_scale, v_scale, sliding_window, host_index=host_index,
     )
     if backend != "cuda":
         raise TypeError("q: kvlab.cuda.attention takes CuPy arrays or torch CUDA tensors, got NumPy arrays "
@@ -1263,6 +1269,63 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     )
 
 
+#: plans :func:`paged_attention` keeps, most recently used last (``_PLAN_CACHE``)
+PLAN_CACHE_SIZE = 8
+_PLAN_CACHE: collections.OrderedDict = collections.OrderedDict()
+_PLAN_LOCK = threading.Lock()
+
+
+def clear_plan_cache() -> None:
+    """Drop the plans :func:`paged_attention` keeps (and the device buffers they hold)."""
+    with _PLAN_LOCK:
+        _PLAN_CACHE.clear()
+
+
+def _plan_key(q, kv_cache, index, args):
+    """The part of :func:`paged_attention`'s plan-cache key that is not the index arrays'
+    contents: everything else a plan depends on (shapes, dtypes, contiguity and devices of the
+    five arrays, the scalar arguments, the caller's stream — a plan's split workspace must not be
+    shared by two streams —, and every ``KVLAB_*`` environment variable, which the plan and the
+    kernels read). None when an argument is not a plain value (e.g. a tensor scale, which
+    could change in place): then the call is planned afresh. (A format object is a frozen
+    dataclass: equal by value.)"""
+    for a in args:
+        if not (a is None or isinstance(a, (str, int, float, np.number, CacheFormat))):
+            return None
+    arrs = (q, kv_cache, *index)
+    desc = tuple((arrays.kind(a), arrays.dtype_name(a), arrays.shape(a), arrays.is_contiguous(a),
+                  arrays.device_id(a)) for a in arrs)
+    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KVLAB_")))
+    return desc, tuple(args), L.stream_ptr(q), env
+
+
+def _cached_plan(q, kv_cache, block_table, seq_lens, query_start_loc, args, plan_kw):
+    """:func:`plan_paged_attention` through the plan cache (see :func:`paged_attention`)."""
+    index = (query_start_loc, seq_lens, block_table)
+    if any(arrays.kind(a) not in ("cupy", "torch") for a in (q, kv_cache, *index)):
+        return plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, *args, **plan_kw)
+    key = _plan_key(q, kv_cache, index, (*args, *plan_kw.values()))
+    host = arrays.to_host_many(*index)      # one synchronizing copy; the plan would make it too
+    if key is not None:
+        with _PLAN_LOCK:
+            hit = next((k for k, (h, _) in reversed(_PLAN_CACHE.items())
+                        if k[0] == key and all(np.array_equal(x, y) for x, y in zip(h, host))), None)
+            if hit is not None:
+                _PLAN_CACHE.move_to_end(hit)
+                return _PLAN_CACHE[hit][1]
+    plan = plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, *args,
+                                host_index=host, **plan_kw)
+    if key is not None:
+        with _PLAN_LOCK:
+            _PLAN_CACHE[(key, next(_PLAN_IDS))] = ([np.array(x, copy=True) for x in host], plan)
+            while len(_PLAN_CACHE) > PLAN_CACHE_SIZE:
+                _PLAN_CACHE.popitem(last=False)
+    return plan
+
+
+_PLAN_IDS = itertools.count()
+
+
 def paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype="auto",
                     softmax_scale=None, k_scale=1.0, v_scale=1.0, sliding_window=None,
                     decode_variant=None, prefill_variant=None):
@@ -1271,8 +1334,17 @@ def paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cach
     q: bf16 (torch) or fp16 (CuPy or torch), contiguous. kv_cache: any kvlab format, on
     the same device. Same arguments as :func:`kvlab.reference.paged_attention`, plus
     ``decode_variant`` and ``prefill_variant`` (see :func:`plan_paged_attention`).
+
+    The plans of the last ``PLAN_CACHE_SIZE`` calls are kept: a call whose index arrays
+    (``query_start_loc``, ``seq_lens``, ``block_table``) hold the same values as one of them,
+    with everything else a plan depends on equal (shapes, dtypes, devices, scalar arguments,
+    the caller's stream, the ``KVLAB_*`` environment), runs that plan instead of building it
+    again — a model calling this once per layer plans once per step. The index arrays are still
+    copied to the host and compared on every call (one synchronizing copy); to skip that too,
+    build the plan with :func:`plan_paged_attention` and call :meth:`AttentionPlan.run` per layer.
+    :func:`clear_plan_cache` drops the kept plans and their device buffers.
     """
-    plan = plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv_cache_dtype,
-                                softmax_scale, k_scale, v_scale, sliding_window,
-                                decode_variant=decode_variant, prefill_variant=prefill_variant)
+    plan = _cached_plan(q, kv_cache, block_table, seq_lens, query_start_loc,
+                        (kv_cache_dtype, softmax_scale, k_scale, v_scale, sliding_window),
+                        dict(decode_variant=decode_variant, prefill_variant=prefill_variant))
     return plan.run(q, kv_cache, block_table, seq_lens, query_start_loc)

@@ -59,6 +59,20 @@ def stream_of(x):
             yield
 
 
+def stream_ptr(x) -> int:
+    """The handle of the stream :func:`stream_of` ``(x)`` launches on (torch's current stream
+    for tensors, CuPy's current stream of ``x``'s device otherwise)."""
+    import cupy
+
+    dev = arrays.device_id(x)
+    if arrays.kind(x) == "torch":
+        import torch
+
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    with cupy.cuda.Device(dev):
+        return int(cupy.cuda.get_current_stream().ptr)
+
+
 def empty(like, shape, dtype_name: str):
     """Uninitialized array of the same kind and device as ``like``."""
     k = arrays.kind(like)

@@ -170,8 +170,14 @@ def compile_options() -> tuple:
     # kernel) are device functions; NVRTC 13.0 rejects them as host functions without it.
     opts = ["-std=c++17", "-default-device", f"-I{kernels_dir()}"]
     opts += [f"-I{d}" for d in cuda_include_dirs()]
-    opts += os.environ.get("KVLAB_NVRTC_OPTIONS", "").split()
+    opts += user_options()
     return tuple(opts)
+
+
+def user_options() -> tuple:
+    """The ``KVLAB_NVRTC_OPTIONS`` part of :func:`compile_options` alone: a check of one switch
+    (``"-DKVLAB_DECODE_NO_PDL" in user_options()``) without the folder lookups (~0.1 ms)."""
+    return tuple(os.environ.get("KVLAB_NVRTC_OPTIONS", "").split())
 
 
 def _ensure_family(family: str) -> list:
@@ -260,14 +266,22 @@ def get_kernel(spec: KernelSpec, device_id: int | None = None):
     another compute capability."""
     import cupy
 
+    dev = cupy.cuda.runtime.getDevice() if device_id is None else device_id
+    hit = _KERNELS.get((spec, dev))
+    if hit is not None:   # every launch asks: skip the instantiation-list scan (~50 µs)
+        return hit
     if spec not in _ensure_family(spec.family):
         raise ValueError(
             f"{spec.name_expression()} is not in the instantiation list of {spec.family!r}; "
             f"supported: {[s.name_expression() for s in FAMILIES[spec.family]]}"
         )
-    dev = cupy.cuda.runtime.getDevice() if device_id is None else device_id
     mod, names = _module(spec.family, dev)
-    return mod.get_function(names[spec.name_expression()])
+    kernel = _KERNELS[(spec, dev)] = mod.get_function(names[spec.name_expression()])
+    return kernel
+
+
+#: (spec, device) -> the kernel :func:`get_kernel` returned (its module is cached by ``_module``)
+_KERNELS: dict = {}
 
 
 # ---------------------------------------------------------------- offline compile (no GPU)

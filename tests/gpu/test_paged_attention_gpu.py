@@ -725,6 +725,49 @@ def test_decode_variant_selection(rng, monkeypatch):
         check_close(to_host(out).astype(np.float64), run_ref(one), "bfloat16", f"auto variant, 1 x {L}")
 
 
+@pytest.mark.parametrize("fmt", ("int4_per_token_head", "int8_per_token_head"))
+@pytest.mark.parametrize("decode_variant", ("per_head", "paged"))
+def test_plan_cache_follows_the_index_arrays(rng, fmt, decode_variant):
+    """``paged_attention`` keeps its plans: the same call again runs the kept plan (same output,
+    no new plan); after two sequences' block-table rows and KV lengths are swapped *in place*
+    (same tensors, new contents) it plans again and matches the float64 reference of the new
+    contents — a stale plan (its work list carries each item's KV range and first cache blocks)
+    would not; another stream gets a plan of its own (a plan's split workspace is not shared)."""
+    torch = _torch()
+    from kvlab.cuda import attention as A
+
+    kv_lens = [int(rng.integers(300, 700)), int(rng.integers(20, 90)), int(rng.integers(1, 400)), 1]
+    case = build_case(rng, fmt, 2, 4, 128, 16, [1] * len(kv_lens), kv_lens)
+    dev = {k: to_device(case[k]) for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")}
+    args = [dev[k] for k in ("q", "kv_cache", "block_table", "seq_lens", "query_start_loc")]
+    kw = dict(kv_cache_dtype=case["kv_cache_dtype"], k_scale=case["k_scale"], v_scale=case["v_scale"],
+              decode_variant=decode_variant)
+    A.clear_plan_cache()
+    out1 = to_host(A.paged_attention(*args, **kw)).astype(np.float64)
+    check_close(out1, run_ref(case), "bfloat16", f"{fmt} first call")
+    (plan,) = [p for _, p in A._PLAN_CACHE.values()]
+    assert plan.decode_variant == decode_variant
+    out2 = to_host(A.paged_attention(*args, **kw)).astype(np.float64)
+    assert [p for _, p in A._PLAN_CACHE.values()] == [plan]
+    np.testing.assert_array_equal(out2, out1)
+    # swap sequences 0 and 1 in place: block-table rows and KV lengths
+    for k in ("block_table", "seq_lens"):
+        case[k] = case[k][[1, 0, 2, 3]].copy()
+        dev[k].copy_(to_device(case[k]))
+    out3 = to_host(A.paged_attention(*args, **kw)).astype(np.float64)
+    assert len(A._PLAN_CACHE) == 2
+    ref3 = run_ref(case)
+    check_close(out3, ref3, "bfloat16", f"{fmt} after the in-place swap")
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        out4 = A.paged_attention(*args, **kw)
+    torch.cuda.current_stream().wait_stream(s)
+    assert len(A._PLAN_CACHE) == 3
+    check_close(to_host(out4).astype(np.float64), ref3, "bfloat16", f"{fmt} on another stream")
+    A.clear_plan_cache()
+
+
 def test_tolerance_rejects_wrong_outputs(rng):
     """The check fails loudly for an output uncorrelated with the reference, or slightly off."""
     case = build_case(rng, "int4_per_token_head", 2, 4, 64, 16, [1, 5], [40, 60])
