@@ -55,7 +55,10 @@ plan/run:
   runs one plan for all its layers (the metadata is the same), which is why the
   benchmarks time ``run``.
 
-:func:`paged_attention` does both.
+:func:`paged_attention` does both, and keeps the plans of its last ``PLAN_CACHE_SIZE`` calls:
+called again with index arrays of the same contents (the next layer of the same batch) and
+otherwise equal arguments, it runs the kept plan after one copy and comparison of the index
+arrays instead of planning again.
 """
 from __future__ import annotations
 
@@ -1295,8 +1298,17 @@ def _plan_key(q, kv_cache, index, args):
     arrs = (q, kv_cache, *index)
     desc = tuple((arrays.kind(a), arrays.dtype_name(a), arrays.shape(a), arrays.is_contiguous(a),
                   arrays.device_id(a)) for a in arrs)
-    env = tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KVLAB_")))
-    return desc, tuple(args), L.stream_ptr(q), env
+    return desc, tuple(args), L.stream_ptr(q), _kvlab_environment()
+
+
+def _kvlab_environment() -> tuple:
+    """Every ``KVLAB_*`` environment variable, sorted ``(name, value)`` pairs. Reads CPython's
+    ``os.environ._data`` (the raw mapping; the public iteration decodes every variable, ~0.2 ms
+    on the H200 machine's ~100 variables) where it exists, ``os.environ`` otherwise."""
+    data = getattr(os.environ, "_data", None)
+    if os.name == "posix" and isinstance(data, dict):   # bytes names and values there
+        return tuple(sorted(kv for kv in data.items() if kv[0].startswith(b"KVLAB_")))
+    return tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("KVLAB_")))
 
 
 def _cached_plan(q, kv_cache, block_table, seq_lens, query_start_loc, args, plan_kw):
