@@ -52,11 +52,20 @@ def stream_of(x):
         if k == "torch":
             import torch
 
-            s = torch.cuda.current_stream(x.device)
-            with cupy.cuda.ExternalStream(s.cuda_stream, dev):
+            ptr = torch.cuda.current_stream(x.device).cuda_stream
+            ext = _EXTERNAL_STREAMS.get((ptr, dev))
+            if ext is None:   # one CuPy handle per torch stream (creating one costs µs per launch)
+                if len(_EXTERNAL_STREAMS) > 64:
+                    _EXTERNAL_STREAMS.clear()
+                ext = _EXTERNAL_STREAMS[(ptr, dev)] = cupy.cuda.ExternalStream(ptr, dev)
+            with ext:
                 yield
         else:
             yield
+
+
+#: (torch stream handle, device) -> the CuPy ExternalStream that wraps it (stream_of)
+_EXTERNAL_STREAMS: dict = {}
 
 
 def stream_ptr(x) -> int:
@@ -139,10 +148,15 @@ def launch_dependent(kernel, grid, block, args, shared_mem: int = 0):
     import cupy
 
     _check_args(args)
-    # each argument's bytes in a buffer of its own, and the array of pointers to them (the
-    # driver copies the values at the launch)
-    bufs = [ctypes.create_string_buffer(np.asarray(a).tobytes(), int(np.asarray(a).nbytes)) for a in args]
-    params = (ctypes.c_void_p * max(len(bufs), 1))(*[ctypes.cast(b, ctypes.c_void_p) for b in bufs])
+    # every argument's bytes in an 8-byte slot of one buffer, and the array of pointers to the
+    # slots (the driver copies the values at the launch); one buffer, not one per argument,
+    # saves ~20 µs of host time per launch
+    if any(a.nbytes > 8 for a in args):
+        raise TypeError("kernel arguments of launch_dependent: scalars of at most 8 bytes")
+    blob = b"".join(a.tobytes().ljust(8, b"\0") for a in args) or b"\0" * 8
+    buf = ctypes.create_string_buffer(blob, len(blob))
+    base = ctypes.addressof(buf)
+    params = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * max(len(args), 1), 8))
     attr = _LaunchAttribute()
     attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value[0] = 1   # programmaticStreamSerializationAllowed (the union's first int)

@@ -768,6 +768,33 @@ def test_plan_cache_follows_the_index_arrays(rng, fmt, decode_variant):
     A.clear_plan_cache()
 
 
+def test_stream_of_follows_torch_streams():
+    """``launch.stream_of`` (every kvlab launch on torch tensors goes through it) makes CuPy's
+    current stream torch's current stream, also when nested on the same stream (it keeps one
+    CuPy handle per torch stream and enters it again) and across two streams, and restores the
+    previous CuPy stream on the way out."""
+    import cupy
+    torch = _torch()
+    from kvlab.cuda import launch as L
+
+    t = torch.ones(4, device="cuda")
+    before = cupy.cuda.get_current_stream().ptr
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    for _ in range(2):   # the second round reuses the kept handles
+        with torch.cuda.stream(s1), L.stream_of(t):
+            assert cupy.cuda.get_current_stream().ptr == s1.cuda_stream
+            with L.stream_of(t):
+                assert cupy.cuda.get_current_stream().ptr == s1.cuda_stream
+                with torch.cuda.stream(s2), L.stream_of(t):
+                    assert cupy.cuda.get_current_stream().ptr == s2.cuda_stream
+                    with L.stream_of(t):
+                        assert cupy.cuda.get_current_stream().ptr == s2.cuda_stream
+                    assert cupy.cuda.get_current_stream().ptr == s2.cuda_stream
+                assert cupy.cuda.get_current_stream().ptr == s1.cuda_stream
+            assert cupy.cuda.get_current_stream().ptr == s1.cuda_stream
+        assert cupy.cuda.get_current_stream().ptr == before
+
+
 def test_tolerance_rejects_wrong_outputs(rng):
     """The check fails loudly for an output uncorrelated with the reference, or slightly off."""
     case = build_case(rng, "int4_per_token_head", 2, 4, 64, 16, [1, 5], [40, 60])
