@@ -76,3 +76,59 @@ def test_sink_model_bulk_touch_reads_word_tid_of_each_stage():
     assert np.array_equal(got, v[:THREADS] ^ v[256:256 + THREADS])
     assert not np.any(expected_sink(RingConfig("x", chunk=4096, per_stage=1, touch=False),
                                     w.view(np.uint8), np.array([4096, 0]), 1, 2))
+
+
+TENSOR = dict(mode="tensor", layout="heads", chunk=16 * 272, per_stage=4, nbuf=4, ctas_per_sm=1,
+              row_bytes=1056, col_step=264)   # int8, d = 128, 8 KV heads: 2 heads a CTA
+
+
+@pytest.mark.parametrize("kw, msg", [
+    (dict(layout="paged"), "layout"), (dict(chunk=16 * 264), "chunk"), (dict(row_bytes=1050), "row_bytes"),
+    (dict(col_step=1056), "row_bytes"), (dict(split=2), "split"), (dict(box_rows=1, chunk=4096), "box"),
+])
+def test_tensor_config_refuses_bad_parameters(kw, msg):
+    RingConfig("x", **TENSOR).check()
+    with pytest.raises(ValueError, match=msg):
+        RingConfig("x", **{**TENSOR, **kw}).check()
+    with pytest.raises(ValueError, match="layout"):
+        RingConfig("x", layout="heads").check()          # the heads layout is the tensor mode's
+
+
+def test_heads_offsets_split_a_sequence_by_columns():
+    """CTAs 4s … 4s + 3 stage the same blocks of sequence s (K box, then V box, shuffled blocks)
+    at the four column groups (264 B = 66 four-byte elements apart); every block of the tensor
+    is staged by exactly one sequence."""
+    from kvlab.cuda.ring_probe import head_groups, tensor_rows
+
+    cfg = RingConfig("x", **TENSOR)
+    grid, per_cta = 8, 6
+    offs = chunk_offsets(cfg, grid, per_cta, seed=5).reshape(grid, per_cta)
+    rows, cols = offs >> 20, offs & 0xFFFFF
+    assert head_groups(cfg) == 4 and cfg.elem_bytes() == 4
+    assert np.all(cols == (np.arange(grid) % 4 * 66)[:, None])
+    for s in range(2):
+        assert np.all(rows[4 * s:4 * s + 4] == rows[4 * s])
+    assert np.all(rows[:, 1::2] - rows[:, 0::2] == 16) and np.all(rows[:, 0::2] % 32 == 0)
+    blocks = np.sort(np.concatenate([rows[0, 0::2], rows[4, 0::2]]) // 32)
+    assert blocks.tolist() == list(range(tensor_rows(cfg, grid, per_cta) // 32))
+
+
+def test_sink_model_tensor_hand_case():
+    # a 16-row tensor of 32-byte rows, boxes of 8 rows × 16 bytes at column group 1 (bytes
+    # 16 … 31): box row r is words 8r + 4 … 8r + 7, vector r of the stage, read by thread r
+    w = _words(16 * 8, 2)
+    cfg = RingConfig("x", mode="tensor", layout="heads", chunk=128, box_rows=8, per_stage=1, nbuf=2,
+                     row_bytes=32, col_step=16)
+    got = expected_sink(cfg, w.view(np.uint8), np.array([0 << 20 | 4, 8 << 20 | 4]), grid=1, chunks_per_cta=2)
+    want = np.zeros(THREADS, np.uint32)
+    for box_row0 in (0, 8):
+        for r in range(8):
+            want[r] ^= np.bitwise_xor.reduce(w[8 * (box_row0 + r) + 4:8 * (box_row0 + r) + 8])
+    assert np.array_equal(got, want)
+    # a box that runs past the row's end has zeros there (the tensor copy fills them): column
+    # group 1 of 48-byte rows at byte 40, so bytes 40 … 47 of each row and 8 zero bytes
+    cfg2 = RingConfig("x", mode="tensor", layout="heads", chunk=128, box_rows=8, per_stage=1, nbuf=2,
+                      row_bytes=48, col_step=40)
+    w2 = _words(8 * 12, 3)
+    got2 = expected_sink(cfg2, w2.view(np.uint8), np.array([0 << 20 | 10]), grid=1, chunks_per_cta=1)
+    assert np.array_equal(got2[:8], [w2[12 * r + 10] ^ w2[12 * r + 11] for r in range(8)])

@@ -145,26 +145,87 @@ def launch_dependent(kernel, grid, block, args, shared_mem: int = 0):
     CTA of that kernel has executed ``griddepcontrol.launch_dependents`` (or exited), and must
     itself execute ``griddepcontrol.wait`` before it reads anything that kernel writes. sm_90+.
     Raises ``RuntimeError`` with the driver's ``CUresult`` if the launch fails."""
+    _check_args(args)
+    launch_ex(kernel, grid, block, args, shared_mem, dependent=True)
+
+
+def launch_ex(kernel, grid, block, args, shared_mem: int = 0, dependent: bool = False):
+    """Launch through the driver's ``cuLaunchKernelEx`` on CuPy's current stream: ``args`` are
+    typed NumPy scalars of at most 8 bytes (:func:`ptr`, :func:`i32`, …) or ``bytes`` for a
+    by-value struct parameter (e.g. a ``CUtensorMap``, :func:`encode_tensor_map_2d`);
+    ``dependent``: a programmatic dependent launch (:func:`launch_dependent`). Raises
+    ``RuntimeError`` with the driver's ``CUresult`` if the launch fails."""
     import cupy
 
-    _check_args(args)
-    # every argument's bytes in an 8-byte slot of one buffer, and the array of pointers to the
-    # slots (the driver copies the values at the launch); one buffer, not one per argument,
-    # saves ~20 µs of host time per launch
-    if any(a.nbytes > 8 for a in args):
-        raise TypeError("kernel arguments of launch_dependent: scalars of at most 8 bytes")
-    blob = b"".join(a.tobytes().ljust(8, b"\0") for a in args) or b"\0" * 8
-    buf = ctypes.create_string_buffer(blob, len(blob))
+    for a in args:
+        if not (isinstance(a, bytes) or (isinstance(a, np.generic) and a.nbytes <= 8)):
+            raise TypeError(f"kernel argument {a!r}: typed NumPy scalars of at most 8 bytes, or bytes")
+    # every argument's bytes at its own offset of one buffer (8-byte slots; a struct at a 64-byte
+    # boundary), and the array of pointers to them: the driver copies the values at the launch.
+    # One buffer, not one per argument, saves ~20 µs of host time per launch.
+    offs, blob = [], bytearray()
+    for a in args:
+        raw = a if isinstance(a, bytes) else a.tobytes()
+        align = 64 if isinstance(a, bytes) else 8
+        blob += b"\0" * (-len(blob) % align)
+        offs.append(len(blob))
+        blob += raw
+    blob += b"\0" * (-len(blob) % 8) if blob else b"\0" * 8
+    buf = ctypes.create_string_buffer(bytes(blob), len(blob))
     base = ctypes.addressof(buf)
-    params = (ctypes.c_void_p * max(len(args), 1))(*range(base, base + 8 * max(len(args), 1), 8))
+    params = (ctypes.c_void_p * max(len(offs), 1))(*[base + o for o in offs])
     attr = _LaunchAttribute()
     attr.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
     attr.value[0] = 1   # programmaticStreamSerializationAllowed (the union's first int)
     g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
     b = tuple(int(x) for x in block) + (1,) * (3 - len(block))
     cfg = _LaunchConfig(g[0], g[1], g[2], b[0], b[1], b[2], int(shared_mem),
-                        ctypes.c_void_p(cupy.cuda.get_current_stream().ptr), ctypes.pointer(attr), 1)
+                        ctypes.c_void_p(cupy.cuda.get_current_stream().ptr),
+                        ctypes.pointer(attr) if dependent else None, 1 if dependent else 0)
     func = getattr(kernel, "kernel", kernel)   # cupy.RawKernel -> its cupy.cuda.Function
     rc = _cu_launch_kernel_ex()(ctypes.byref(cfg), ctypes.c_void_p(func.ptr), params, None)
     if rc != 0:
         raise RuntimeError(f"cuLaunchKernelEx failed: CUresult {rc}")
+
+
+# cuda.h's CUtensorMapDataType values of the unsigned integer element types
+_TMAP_DTYPES = {1: 0, 2: 1, 4: 2, 8: 4}
+
+
+@functools.cache
+def _cu_tensor_map_encode_tiled():
+    lib = ctypes.CDLL("libcuda.so.1")
+    fn = lib.cuTensorMapEncodeTiled
+    fn.restype = ctypes.c_int
+    u32p, u64p = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64p, u64p, u32p, u32p,
+                   ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return fn
+
+
+def encode_tensor_map_2d(address: int, elem_bytes: int, cols: int, rows: int, row_stride: int,
+                         box_cols: int, box_rows: int, l2_promotion: int = 3) -> bytes:
+    """The 128 bytes of a ``CUtensorMap`` (``cuTensorMapEncodeTiled``) for a 2-D row-major tensor of
+    unsigned ``elem_bytes``-byte elements at device ``address``: ``rows`` rows of ``cols`` elements,
+    ``row_stride`` bytes apart; boxes of ``box_rows × box_cols`` elements, no interleave, no swizzle
+    (a box lands in shared memory as dense rows of ``box_cols · elem_bytes`` bytes), out-of-bounds
+    elements zero-filled; ``l2_promotion`` cuda.h's ``CUtensorMapL2promotion`` (3: 256 B). The
+    driver's limits apply (address 16-byte aligned, ``row_stride`` a multiple of 16, box sides ≤
+    256, a box row a multiple of 16 bytes); it refuses others with ``CUDA_ERROR_INVALID_VALUE``,
+    raised here as ``ValueError``."""
+    if elem_bytes not in _TMAP_DTYPES:
+        raise ValueError(f"elem_bytes: one of {sorted(_TMAP_DTYPES)}, got {elem_bytes}")
+    store = ctypes.create_string_buffer(128 + 64)
+    at = -(-ctypes.addressof(store) // 64) * 64   # the map must be 64-byte aligned
+    dims = (ctypes.c_uint64 * 2)(int(cols), int(rows))
+    strides = (ctypes.c_uint64 * 1)(int(row_stride))
+    box = (ctypes.c_uint32 * 2)(int(box_cols), int(box_rows))
+    estr = (ctypes.c_uint32 * 2)(1, 1)
+    rc = _cu_tensor_map_encode_tiled()(ctypes.c_void_p(at), _TMAP_DTYPES[elem_bytes], 2,
+                                       ctypes.c_void_p(int(address)), dims, strides, box, estr, 0, 0,
+                                       int(l2_promotion), 0)
+    if rc != 0:
+        raise ValueError(f"cuTensorMapEncodeTiled refused the map (CUresult {rc}): {cols} x {rows} "
+                         f"elements of {elem_bytes} B, row stride {row_stride} B, box {box_cols} x {box_rows}")
+    return ctypes.string_at(at, 128)
+

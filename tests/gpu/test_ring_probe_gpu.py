@@ -50,3 +50,38 @@ def test_probe_refuses_a_short_sink():
     offs = cupy.asarray(chunk_offsets(cfg, 2, 2))
     with pytest.raises(ValueError, match="sink"):
         stream(cfg, cupy.zeros(4096, cupy.uint8), offs, 2, 2, cupy.zeros(THREADS, cupy.uint32))
+
+
+TENSOR_CASES = [
+    # int8, d = 128, 8 KV heads: a CTA stages 2 heads (264 B) in 272-byte box rows; the fourth
+    # column group's boxes run 8 bytes past the row's end (zero-filled by the copy)
+    RingConfig("tensor int8 2 heads", mode="tensor", layout="heads", chunk=16 * 272, per_stage=4, nbuf=3,
+               row_bytes=1056, col_step=264),
+    # int4, d = 128: 4 heads of 68 B a box, two column groups
+    RingConfig("tensor int4 4 heads", mode="tensor", layout="heads", chunk=16 * 272, per_stage=2, nbuf=2,
+               row_bytes=544, col_step=272),
+    # 2-byte elements (a column step of 262 B), five groups, the last mostly past the row
+    RingConfig("tensor u16 odd step", mode="tensor", layout="heads", chunk=16 * 272, per_stage=3, nbuf=2,
+               row_bytes=1056, col_step=262),
+]
+
+
+@pytest.mark.parametrize("cfg", TENSOR_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("chunks_per_cta", [2, 14])
+def test_tensor_probe_reads_the_named_boxes(cfg, chunks_per_cta):
+    """The tensor-copy ring (ring_stream_tensor, a CUtensorMap passed by value): each stage's
+    boxes land in shared memory as the NumPy model lays them out (rows ``row_bytes`` apart,
+    zeros past a row's end), on random bytes and shuffled blocks."""
+    from kvlab.cuda.ring_probe import tensor_rows
+
+    if not _bulk_ok():
+        pytest.skip("tensor copies need sm_90")
+    grid = 10
+    rng = np.random.default_rng(100 + chunks_per_cta)
+    src_h = rng.integers(0, 256, tensor_rows(cfg, grid, chunks_per_cta) * cfg.row_bytes, dtype=np.uint8)
+    offs_h = chunk_offsets(cfg, grid, chunks_per_cta, seed=chunks_per_cta)
+    sink = cupy.full(grid * THREADS, 0xDEADBEEF, cupy.uint32)
+    stream(cfg, cupy.asarray(src_h), cupy.asarray(offs_h), grid, chunks_per_cta, sink)
+    want = expected_sink(cfg, src_h, offs_h, grid, chunks_per_cta)
+    got = cupy.asnumpy(sink)
+    assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} of {got.size} words differ"
