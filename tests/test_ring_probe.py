@@ -85,6 +85,7 @@ TENSOR = dict(mode="tensor", layout="heads", chunk=16 * 272, per_stage=4, nbuf=4
 @pytest.mark.parametrize("kw, msg", [
     (dict(layout="paged"), "layout"), (dict(chunk=16 * 264), "chunk"), (dict(row_bytes=1050), "row_bytes"),
     (dict(col_step=1056), "row_bytes"), (dict(split=2), "split"), (dict(box_rows=1, chunk=4096), "box"),
+    (dict(col_step=262), "cover"),   # group 2 starts at 512, 12 B before its bytes: 262 + 12 > 272
 ])
 def test_tensor_config_refuses_bad_parameters(kw, msg):
     RingConfig("x", **TENSOR).check()
@@ -96,8 +97,9 @@ def test_tensor_config_refuses_bad_parameters(kw, msg):
 
 def test_heads_offsets_split_a_sequence_by_columns():
     """CTAs 4s … 4s + 3 stage the same blocks of sequence s (K box, then V box, shuffled blocks)
-    at the four column groups (264 B = 66 four-byte elements apart); every block of the tensor
-    is staged by exactly one sequence."""
+    at the four column groups, each from its first byte (g · 264) rounded down to 16 — bytes 0,
+    256, 528, 784 = elements 0, 64, 132, 196 —; every block of the tensor is staged by exactly
+    one sequence."""
     from kvlab.cuda.ring_probe import head_groups, tensor_rows
 
     cfg = RingConfig("x", **TENSOR)
@@ -105,7 +107,7 @@ def test_heads_offsets_split_a_sequence_by_columns():
     offs = chunk_offsets(cfg, grid, per_cta, seed=5).reshape(grid, per_cta)
     rows, cols = offs >> 20, offs & 0xFFFFF
     assert head_groups(cfg) == 4 and cfg.elem_bytes() == 4
-    assert np.all(cols == (np.arange(grid) % 4 * 66)[:, None])
+    assert np.all(cols == np.array([0, 64, 132, 196])[np.arange(grid) % 4][:, None])
     for s in range(2):
         assert np.all(rows[4 * s:4 * s + 4] == rows[4 * s])
     assert np.all(rows[:, 1::2] - rows[:, 0::2] == 16) and np.all(rows[:, 0::2] % 32 == 0)

@@ -57,9 +57,9 @@ class RingConfig:
         return self.chunk // self.box_rows
 
     def elem_bytes(self) -> int:
-        """Tensor mode: the tensor map's element size, the largest of 4, 2, 1 dividing the row,
-        the box row and the column step (a box row holds at most 256 elements)."""
-        return next(e for e in (4, 2, 1) if not (self.row_bytes % e or self.box_bytes() % e or self.col_step % e))
+        """Tensor mode: the tensor map's element size, the largest of 4, 2, 1 dividing the row and
+        the box row (a box row holds at most 256 elements; boxes start at 16-byte columns)."""
+        return next(e for e in (4, 2, 1) if not (self.row_bytes % e or self.box_bytes() % e))
 
     def check(self) -> None:
         if self.mode not in MODES:
@@ -78,6 +78,11 @@ class RingConfig:
                                  f"row_bytes {self.row_bytes}, col_step {self.col_step}")
             if self.split != 1 or self.evict_first:
                 raise ValueError("split / evict_first: tensor copies take one box per chunk, no hint")
+            starts = group_starts(self)
+            ends = [min((g + 1) * self.col_step, self.row_bytes) for g in range(len(starts))]
+            if any(c + self.box_bytes() < e for c, e in zip(starts, ends)):
+                raise ValueError(f"col_step: a box of {self.box_bytes()} B from each group's 16-byte aligned "
+                                 f"start must cover the group's {self.col_step} B")
             if self.box_bytes() // self.elem_bytes() > 256 or not 1 <= self.box_rows <= 256:
                 raise ValueError(f"box: at most 256 elements a side, got {self.box_bytes() // self.elem_bytes()} "
                                  f"x {self.box_rows}")
@@ -97,6 +102,15 @@ def head_groups(cfg: RingConfig) -> int:
     return -(-cfg.row_bytes // cfg.col_step)
 
 
+def group_starts(cfg: RingConfig) -> list[int]:
+    """Tensor mode: the byte column where each column group's boxes start — the group's first
+    byte ``g · col_step`` rounded down to 16 bytes, because a tensor copy's box must start at a
+    16-byte aligned address (measured on the H200, ``scripts/tensor_copy_check.py``: boxes at
+    264-byte steps raised an illegal instruction). The box then holds the group's bytes at
+    offset ``g · col_step`` minus that start (< 16)."""
+    return [(g * cfg.col_step) & ~15 for g in range(head_groups(cfg))]
+
+
 def tensor_rows(cfg: RingConfig, grid: int, chunks_per_cta: int) -> int:
     """Tensor mode: rows of the source tensor that :func:`chunk_offsets` addresses."""
     seqs = -(-grid // head_groups(cfg))
@@ -110,7 +124,8 @@ def chunk_offsets(cfg: RingConfig, grid: int, chunks_per_cta: int, seed: int = 0
     Tensor mode (``layout="heads"``), a paged cache split by KV heads: the tensor's rows are
     blocks of 2 · ``box_rows`` rows (a block's K tokens, then its V tokens) at shuffled places;
     CTA c stages column group ``c % head_groups`` of sequence ``c // head_groups``'s blocks, a K
-    box and a V box per block. Each entry packs (row << 20) | (column in tensor-map elements)."""
+    box and a V box per block, from the group's 16-byte aligned start (:func:`group_starts`).
+    Each entry packs (row << 20) | (column in tensor-map elements)."""
     import numpy as np
 
     n = grid * chunks_per_cta
@@ -122,7 +137,7 @@ def chunk_offsets(cfg: RingConfig, grid: int, chunks_per_cta: int, seed: int = 0
         cta = np.arange(grid)
         blocks = perm.reshape(-1, bpc)[cta // groups].astype(np.int64)              # (grid, bpc)
         rows = (blocks[:, :, None] * 2 + np.arange(2)[None, None, :]) * cfg.box_rows  # (grid, bpc, 2)
-        cols = (cta % groups) * cfg.col_step // cfg.elem_bytes()
+        cols = np.asarray(group_starts(cfg), np.int64)[cta % groups] // cfg.elem_bytes()
         return (rows.reshape(grid, -1) << 20 | cols[:, None]).ravel().astype(np.int64)
     if cfg.layout == "contig":
         return np.arange(n, dtype=np.int64) * cfg.chunk

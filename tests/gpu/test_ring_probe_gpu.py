@@ -53,16 +53,16 @@ def test_probe_refuses_a_short_sink():
 
 
 TENSOR_CASES = [
-    # int8, d = 128, 8 KV heads: a CTA stages 2 heads (264 B) in 272-byte box rows; the fourth
-    # column group's boxes run 8 bytes past the row's end (zero-filled by the copy)
+    # int8, d = 128, 8 KV heads: a CTA stages 2 heads (264 B) in 272-byte box rows from 16-byte
+    # aligned starts (bytes 0, 256, 528, 784: the last box ends at the row's end)
     RingConfig("tensor int8 2 heads", mode="tensor", layout="heads", chunk=16 * 272, per_stage=4, nbuf=3,
                row_bytes=1056, col_step=264),
     # int4, d = 128: 4 heads of 68 B a box, two column groups
     RingConfig("tensor int4 4 heads", mode="tensor", layout="heads", chunk=16 * 272, per_stage=2, nbuf=2,
                row_bytes=544, col_step=272),
-    # 2-byte elements (a column step of 262 B), five groups, the last mostly past the row
-    RingConfig("tensor u16 odd step", mode="tensor", layout="heads", chunk=16 * 272, per_stage=3, nbuf=2,
-               row_bytes=1056, col_step=262),
+    # 8-row boxes, 1,040-byte rows, groups of 260 B from 0, 256, 512, 768
+    RingConfig("tensor 8-row boxes", mode="tensor", layout="heads", chunk=8 * 272, per_stage=3, nbuf=2,
+               row_bytes=1040, col_step=260, box_rows=8),
 ]
 
 
