@@ -100,15 +100,18 @@ def main() -> int:
                 os.environ.pop("KVLAB_DECODE_PAGED_DUAL")
     torch.cuda.synchronize()
     step("ring probe (measurement tool)")
-    from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, stream
+    from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, stream, tensor_rows
     for cfg in (RingConfig("t", chunk=1088, per_stage=3, nbuf=2, split=4, layout="paged"),
                 RingConfig("w", mode="bulk_warp", chunk=1088, per_stage=2, nbuf=3, evict_first=True),
-                RingConfig("l", mode="loads", chunk=1088, per_stage=3, layout="paged")):
+                RingConfig("l", mode="loads", chunk=1088, per_stage=3, layout="paged"),
+                RingConfig("x", mode="tensor", layout="heads", chunk=16 * 272, per_stage=2, nbuf=2,
+                           row_bytes=1056, col_step=264)):
         if cfg.mode != "loads" and cupy.cuda.Device(0).compute_capability < "90":
             continue
-        offs = chunk_offsets(cfg, 3, 8)
-        stream(cfg, cupy.asarray(rng.integers(0, 256, 3 * 8 * cfg.chunk, dtype=np.uint8)),
-               cupy.asarray(offs), 3, 8, cupy.zeros(3 * THREADS, cupy.uint32))
+        offs = chunk_offsets(cfg, 4, 8)
+        nbytes = tensor_rows(cfg, 4, 8) * cfg.row_bytes if cfg.mode == "tensor" else 4 * 8 * cfg.chunk
+        stream(cfg, cupy.asarray(rng.integers(0, 256, nbytes, dtype=np.uint8)),
+               cupy.asarray(offs), 4, 8, cupy.zeros(4 * THREADS, cupy.uint32))
     cupy.cuda.runtime.deviceSynchronize()
     step("done")
     return 0
