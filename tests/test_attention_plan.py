@@ -881,3 +881,42 @@ def test_paged_attention_plan_cache(monkeypatch):
     assert len(A._PLAN_CACHE) == A.PLAN_CACHE_SIZE and plan() is not p0
     A.clear_plan_cache()
     assert not A._PLAN_CACHE
+
+
+def test_launch_ex_packs_arguments(monkeypatch):
+    """``launch.launch_ex`` (the dependent merge launch and the ring probe's tensor mode) hands the
+    driver one pointer per argument into a single buffer: 8-byte slots for scalars, a 64-byte
+    aligned slot for a struct (a tensor map), the values intact; a dependent launch carries the
+    programmatic-serialization attribute, a plain one none. Wrong arguments are refused before
+    any driver call."""
+    import ctypes
+    from types import SimpleNamespace
+
+    import cupy
+
+    from kvlab.cuda import launch as L
+
+    seen = {}
+
+    def fake_launch(cfg, func, params, extra):
+        c = cfg._obj
+        seen["attrs"] = c.numAttrs
+        seen["grid"] = (c.gridDimX, c.gridDimY, c.gridDimZ)
+        seen["vals"] = [ctypes.string_at(params[i], n) for i, n in enumerate((8, 4, 4, 128))]
+        seen["struct_align"] = (params[3] - params[0]) % 64
+        return 0
+
+    monkeypatch.setattr(L, "_cu_launch_kernel_ex", lambda: fake_launch)
+    monkeypatch.setattr(cupy.cuda, "get_current_stream", lambda: SimpleNamespace(ptr=0))
+    rng = np.random.default_rng()
+    tmap = rng.integers(0, 256, 128, dtype=np.uint8).tobytes()
+    p, i, f = np.uint64(rng.integers(1, 2**63)), np.int32(rng.integers(-2**31, 2**31)), np.float32(rng.normal())
+    kernel = SimpleNamespace(ptr=1)
+    for dependent in (False, True):
+        L.launch_ex(kernel, (3, 2), (64,), (p, i, f, tmap), dependent=dependent)
+        assert seen["attrs"] == int(dependent) and seen["grid"] == (3, 2, 1)
+        assert seen["vals"] == [p.tobytes(), i.tobytes(), f.tobytes(), tmap] and seen["struct_align"] == 0
+    with pytest.raises(TypeError, match="at most 8 bytes"):
+        L.launch_ex(kernel, (1,), (32,), (np.zeros(2),))
+    with pytest.raises(TypeError, match="at most 8 bytes"):
+        L.launch_ex(kernel, (1,), (32,), (5,))

@@ -212,7 +212,9 @@ def encode_tensor_map_2d(address: int, elem_bytes: int, cols: int, rows: int, ro
     elements zero-filled; ``l2_promotion`` cuda.h's ``CUtensorMapL2promotion`` (3: 256 B). The
     driver's limits apply (address 16-byte aligned, ``row_stride`` a multiple of 16, box sides ≤
     256, a box row a multiple of 16 bytes); it refuses others with ``CUDA_ERROR_INVALID_VALUE``,
-    raised here as ``ValueError``."""
+    raised here as ``ValueError``. The copies add one rule the encoder does not check: a box must
+    start at a 16-byte aligned column (on the H200 a box at a 264-byte column raised an illegal
+    instruction; ``kvlab.cuda.ring_probe.group_starts``)."""
     if elem_bytes not in _TMAP_DTYPES:
         raise ValueError(f"elem_bytes: one of {sorted(_TMAP_DTYPES)}, got {elem_bytes}")
     store = ctypes.create_string_buffer(128 + 64)
