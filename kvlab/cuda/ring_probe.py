@@ -33,7 +33,8 @@ class RingConfig:
     shuffled block table) or ``"contig"`` (tensor mode: ``"heads"``); touch: every thread reads
     one 16-byte word per stage; evict_first: L2 evict-first hint on the bulk copies. Tensor mode
     only: row_bytes (a token's row of every KV head, a multiple of 16), box_rows (tokens per box),
-    col_step (bytes from one column group's box start to the next: the KV heads one CTA stages)."""
+    col_step (bytes from one column group's first byte to the next: the KV heads one CTA stages;
+    its boxes start there rounded down to 16 bytes, :func:`group_starts`)."""
     name: str
     mode: str = "bulk_thread"
     chunk: int = 8704
