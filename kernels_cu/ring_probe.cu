@@ -181,29 +181,16 @@ struct __align__(64) TensorMapParam {
 // its first element along the row (bits 0 … 19); chunk_bytes is the box's size. A box of rows
 // strided in global memory arrives as one dense run in shared memory — the way a CTA could stage
 // a subset of each token's KV heads (docs/perf-notes.md "Session 22").
-// -DKVLAB_RING_TMAP_GLOBAL (diagnostic A/B): the map is read from global memory (a 128-byte,
-// 128-aligned device buffer; the issuing thread fences it into the tensor-map proxy first) instead
-// of the kernel parameter.
-#if defined(KVLAB_RING_TMAP_GLOBAL)
-#define KVLAB_RING_TMAP_ARG const TensorMapParam* __restrict__ tmap_arg
-#else
-#define KVLAB_RING_TMAP_ARG const __grid_constant__ TensorMapParam tmap_arg
-#endif
 __global__ void __launch_bounds__(256)
 ring_stream_tensor(const long long* __restrict__ chunk_off, int chunks_per_cta, int chunk_bytes,
-                   int per_stage, int nbuf, int touch, unsigned* __restrict__ sink, KVLAB_RING_TMAP_ARG) {
+                   int per_stage, int nbuf, int touch, unsigned* __restrict__ sink,
+                   const __grid_constant__ TensorMapParam tmap_arg) {
   uint32_t acc = 0u;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   extern __shared__ __align__(1024) uint8_t dsm[];
   __shared__ __align__(8) uint64_t full_bar[RP_MAXBUF], empty_bar[RP_MAXBUF];
   const long long* offs = chunk_off + static_cast<long long>(blockIdx.x) * chunks_per_cta;
-#if defined(KVLAB_RING_TMAP_GLOBAL)
-  const void* tmap = tmap_arg;
-  if (threadIdx.x == 0)
-    asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"(tmap) : "memory");
-#else
   const void* tmap = &tmap_arg;
-#endif
   if (threadIdx.x == 0) asm volatile("prefetch.tensormap [%0];" ::"l"(reinterpret_cast<uint64_t>(tmap)) : "memory");
   acc = ring_loop<false>(dsm, full_bar, empty_bar, chunks_per_cta, chunk_bytes, per_stage, nbuf, 1, touch,
                          [&](int ch, int, uint8_t* d, uint64_t* bar) {

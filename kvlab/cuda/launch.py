@@ -50,9 +50,7 @@ def stream_of(x):
     dev = arrays.device_id(x)
     with cupy.cuda.Device(dev):
         if k == "torch":
-            import torch
-
-            ptr = torch.cuda.current_stream(x.device).cuda_stream
+            ptr = stream_ptr(x)
             ext = _EXTERNAL_STREAMS.get((ptr, dev))
             if ext is None:   # one CuPy handle per torch stream (creating one costs µs per launch)
                 if len(_EXTERNAL_STREAMS) > 64:
@@ -145,7 +143,6 @@ def launch_dependent(kernel, grid, block, args, shared_mem: int = 0):
     CTA of that kernel has executed ``griddepcontrol.launch_dependents`` (or exited), and must
     itself execute ``griddepcontrol.wait`` before it reads anything that kernel writes. sm_90+.
     Raises ``RuntimeError`` with the driver's ``CUresult`` if the launch fails."""
-    _check_args(args)
     launch_ex(kernel, grid, block, args, shared_mem, dependent=True)
 
 

@@ -153,7 +153,6 @@ def stream(cfg: RingConfig, src, offsets_d, grid: int, chunks_per_cta: int, sink
     int64, :func:`chunk_offsets`, ``grid × chunks_per_cta``), ``sink`` (cupy uint32,
     ``grid × THREADS``: each thread's XOR of the 32-bit words it loaded, :func:`expected_sink`)."""
     import cupy
-    import numpy as np
 
     cfg.check()
     if offsets_d.size != grid * chunks_per_cta or sink.size < grid * THREADS:
@@ -173,13 +172,6 @@ def stream(cfg: RingConfig, src, offsets_d, grid: int, chunks_per_cta: int, sink
             raise ValueError(f"src: the tensor needs {rows} rows of {cfg.row_bytes} bytes, got {src.nbytes} bytes")
         tmap = _tensor_map(int(src.data.ptr), e, cfg.row_bytes // e, rows, cfg.row_bytes,
                            cfg.box_bytes() // e, cfg.box_rows)
-        from .loader import user_options
-
-        if "-DKVLAB_RING_TMAP_GLOBAL" in user_options():   # the diagnostic build reads it from memory
-            buf = _TMAP_BUFFERS.get(tmap)
-            if buf is None:
-                buf = _TMAP_BUFFERS[tmap] = cupy.asarray(np.frombuffer(tmap, np.uint8))
-            tmap = L.ptr(buf)
         L.launch_ex(k, (grid,), (THREADS,), (
             L.ptr(offsets_d), L.i32(chunks_per_cta), L.i32(cfg.chunk), L.i32(cfg.per_stage),
             L.i32(cfg.nbuf), L.i32(int(cfg.touch)), L.ptr(sink), tmap), shared_mem=smem)
@@ -188,9 +180,6 @@ def stream(cfg: RingConfig, src, offsets_d, grid: int, chunks_per_cta: int, sink
       (src, offsets_d, cupy.int32(chunks_per_cta), cupy.int32(cfg.chunk), cupy.int32(cfg.per_stage),
        cupy.int32(cfg.nbuf), cupy.int32(cfg.split), cupy.int32(int(cfg.touch)),
        cupy.int32(int(cfg.evict_first)), sink), shared_mem=smem)
-
-
-_TMAP_BUFFERS: dict = {}   # -DKVLAB_RING_TMAP_GLOBAL: map bytes -> device copy
 
 
 @functools.lru_cache(maxsize=16)

@@ -63,6 +63,9 @@ TENSOR_CASES = [
     # 8-row boxes, 1,040-byte rows, groups of 260 B from 0, 256, 512, 768
     RingConfig("tensor 8-row boxes", mode="tensor", layout="heads", chunk=8 * 272, per_stage=3, nbuf=2,
                row_bytes=1040, col_step=260, box_rows=8),
+    # the last group's 272-byte boxes start at 768 of 1,024-byte rows: 16 bytes past the row's end
+    RingConfig("tensor box past the row", mode="tensor", layout="heads", chunk=16 * 272, per_stage=2, nbuf=3,
+               row_bytes=1024, col_step=256),
 ]
 
 
