@@ -6,7 +6,8 @@ Prints the wall time per call of (a) the whole call with its kept plan (the same
 every call: ``paged_attention``'s plan cache), (b) the whole call planned afresh (cache cleared
 first), (c) ``plan_paged_attention`` alone and (d) ``AttentionPlan.run`` alone (launches only,
 one synchronization after all calls), then a cProfile of the whole planned-afresh call's
-Python functions sorted by cumulative time, then by own time. The decode benchmark times (d);
+Python functions sorted by cumulative time, then by own time, then what the plan's own
+functions call (``print_callees``). The decode benchmark times (d);
 an engine builds the plan once per step and runs it for every layer.
 """
 import cProfile
@@ -64,3 +65,4 @@ prof.disable()
 st = pstats.Stats(prof)
 st.sort_stats("cumulative").print_stats(40)
 st.sort_stats("tottime").print_stats(30)
+st.sort_stats("cumulative").print_callees("plan_paged_attention|_cached_plan|check_paged_attention")

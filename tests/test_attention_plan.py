@@ -60,6 +60,7 @@ def h200(monkeypatch):
     monkeypatch.setattr(A, "_device_props", lambda dev: (132, 228 * 1024))
     monkeypatch.setattr(A, "_smem_optin", lambda dev: 227 * 1024)
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice("90"))
+    monkeypatch.setattr(A, "_compute_capability", lambda dev: 90)   # cached on a real device
     return A
 
 
@@ -222,6 +223,65 @@ def test_dual_default_head_size_64(code, hkv, seq_lens, dual):
     assert not A._dual_default(code, 256, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm, len(sl))
 
 
+def test_dual_default_builds_the_other_list_only_when_needed():
+    """``_dual_default`` with the two-per-SM list given as a builder (the plan's way: building it
+    costs ~0.1–0.3 ms of host time) decides as with the list itself, on random ragged batches for
+    every rule of ``PG_DUAL_DEFAULT``; it skips the build for a uniform batch the dual ring wins
+    (its list modelled no slower than any list of the same tiles), and both lists hold the same
+    tiles in all (the bound's premise)."""
+    from kvlab.cuda import attention as A
+
+    rng = np.random.default_rng()
+    slots = {(1, 128, 1): (264, 132), (2, 128, 1): (264, 132), (3, 128, 1): (264, 132),
+             (1, 64, 1): (264, 132), (2, 64, 1): (264, 132),
+             (1, 64, 2): (528, 264), (2, 64, 2): (528, 264), (4, 64, 2): (792, 264), (3, 64, 2): (924, 396)}
+    assert set(slots) == set(A.PG_DUAL_DEFAULT)
+    # uniform batches over the decode grid's range (many lie just above the bound, both ways:
+    # a bound 5 % too loose fails here), then random ragged ones
+    batches = [np.full(n, L) for n in (1, 2, 3, 5, 8, 13, 21, 32, 41, 47, 64)
+               for L in (1024, 3000, 8192, 12000, 16384, 32768, 131072)]
+    for _ in range(40):
+        n = int(rng.integers(1, 80))
+        if rng.integers(2):   # ragged
+            batches.append(rng.integers(1, 70000, n))
+        else:                 # short sequences and a few long ones
+            batches.append(np.r_[rng.integers(1, 600, n), rng.integers(20000, 140000, int(rng.integers(1, 5)))])
+    def oracle(rule, two, dual, per_sm, n_seqs):   # the rule's full comparison, both lists built
+        if rule.max_seqs is not None and n_seqs > rule.max_seqs and not (rule.same_parts and len(two) <= len(dual)):
+            return False
+        if not len(dual) or A._row_tiles(dual).max() < rule.min_tiles:
+            return False
+        return rule.gain is None or (A._list_time(dual, 132, A.PG_WAVE_WEIGHT, 2, rule.gain, per_sm)
+                                     <= A._list_time(two, 132, A.PG_WAVE_WEIGHT, 1))
+
+    skipped = 0
+    for sl in batches:
+        qsl = np.arange(len(sl) + 1)
+        window = int(rng.choice([0, 0, 4096]))
+        for (code, d, per), (cap2, cap1) in slots.items():
+            two = A._paged_list(qsl, sl, 2, window, cap2, None, 1, 132)
+            dl = A._paged_list(qsl, sl, 2, window, cap1, None, 2, 132)
+            assert A._row_tiles(two[0]).sum() == A._row_tiles(dl[0]).sum()
+            calls = []
+
+            def build():
+                calls.append(1)
+                return two[0]
+
+            per_sm = cap1 // 132
+            want = oracle(A.PG_DUAL_DEFAULT[code, d, per], two[0], dl[0], per_sm, len(sl))
+            assert A._dual_default(code, d, two[0], dl[0], 132, A.PG_WAVE_WEIGHT, per_sm, len(sl)) == want
+            got = A._dual_default(code, d, build, dl[0], 132, A.PG_WAVE_WEIGHT, per_sm, len(sl))
+            assert got == want, (code, d, per, sl.tolist())
+            skipped += not calls
+    assert skipped > 0
+    # B = 32 × 8k, int8 / fp8 / int4 at d = 128: decided without the other list
+    sl = np.full(32, 8192)
+    dl = A._paged_list(np.arange(33), sl, 2, 0, 132, None, 2, 132)
+    for code in (1, 2, 3):
+        assert A._dual_default(code, 128, lambda: pytest.fail("built"), dl[0], 132, A.PG_WAVE_WEIGHT, 1, 32)
+
+
 def test_paged_stage_cap_env(h200, monkeypatch):
     A = h200
     monkeypatch.setenv("KVLAB_DECODE_PAGED_NBUF", "2")
@@ -244,6 +304,7 @@ def test_paged_needs_sm90_and_at_most_8_column_groups(h200, monkeypatch):
     assert A._paged_buffers(3, 128, 16, 16, 0) == (0, "paged decode needs num_kv_heads * G / hpc <= 8 "
                                                       "column groups, got 16")
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice("80"))
+    monkeypatch.setattr(A, "_compute_capability", lambda dev: 80)
     nbuf, note = A._paged_buffers(3, 128, 8, 8, 0)
     assert nbuf == 0 and "sm_90" in note and "sm_80" in note
 
@@ -278,6 +339,7 @@ def test_wgmma_prefill_needs_sm90(h200, monkeypatch, cc):
 
     A = h200
     monkeypatch.setattr(cupy.cuda, "Device", lambda dev=None: _FakeDevice(cc))
+    monkeypatch.setattr(A, "_compute_capability", lambda dev: int(cc))
     with pytest.raises(ValueError, match=rf"'wgmma' needs a GPU of compute capability 9.0.*sm_{cc}"):
         A._resolve_prefill_variant("wgmma", 0)
     assert A._resolve_prefill_variant("mma", 0) == "mma"

@@ -301,7 +301,7 @@ def _list_time(items: np.ndarray, n_sm: int, weight: float, nh: int, gain: float
     return max(float(t.max()) * per_sm, even) / ((weight + 1.0) * (1.0 + gain))
 
 
-def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain: float | None,
+def _dual_pays(two, dual: np.ndarray, n_sm: int, weight: float, gain: float | None,
                min_tiles: int, per_sm: int = 1) -> bool:
     """Whether the dual-ring CTA's list (``dual``, one slot per SM) is modelled no slower than the
     two-per-SM list (``two``) of the same batch (``_list_time``). Uniform batches: its parts are
@@ -310,27 +310,38 @@ def _dual_pays(two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float, gain
     (one slot per SM): there the two-per-SM list wins (40 × 300 + 4 × 60k tokens: 71 against
     ~55; measured on the H200: dual +6 %, session 18). Parts shorter than ``min_tiles``
     (``PG_DUAL_DEFAULT``) do not repay the dual ring's longer prologue. ``gain`` None: the tile
-    minimum alone decides (no model comparison)."""
+    minimum alone decides (no model comparison).
+
+    ``two`` may be a function that builds the list (``_paged_list``, ~0.1–0.3 ms of host time):
+    it is called only where the answer needs it. Both lists cut the same KV ranges at 16-token
+    tiles from each range's start, so they hold the same tiles in all, and the two-per-SM list's
+    modelled time is never below ``_list_time``'s even spread of them; a dual list modelled no
+    slower than that bound pays without building the other (uniform batches)."""
     if not len(dual) or int(_row_tiles(dual).max()) < min_tiles:
         return False
     if gain is None:
         return True
-    return _list_time(dual, n_sm, weight, 2, gain, per_sm) <= _list_time(two, n_sm, weight, 1)
+    t_dual = _list_time(dual, n_sm, weight, 2, gain, per_sm)
+    if t_dual <= float(_row_tiles(dual).sum()) / n_sm / (weight + 1.0):
+        return True
+    return t_dual <= _list_time(two() if callable(two) else two, n_sm, weight, 1)
 
 
-def _dual_default(code: int, d: int, two: np.ndarray, dual: np.ndarray, n_sm: int, weight: float,
+def _dual_default(code: int, d: int, two, dual: np.ndarray, n_sm: int, weight: float,
                   per_sm: int, n_seqs: int) -> bool:
     """The plan's default CTA form where ``KVLAB_DECODE_PAGED_DUAL`` is unset: the dual ring (True)
     where ``PG_DUAL_DEFAULT`` has a rule for (format, head size, 1 or 2 for ``per_sm`` dual-ring
     CTAs resident per SM) and the batch (``n_seqs`` decode sequences, the two forms' lists ``two``
     and ``dual``) meets it: at most ``max_seqs`` sequences (or, with ``same_parts``, no more
     two-per-SM parts than dual-ring ones), and ``_dual_pays`` with its gain and tile minimum; two
-    CTAs per SM (False) otherwise."""
+    CTAs per SM (False) otherwise. ``two`` may be a function that builds the two-per-SM list: it
+    is called only where the rule needs that list (not for a uniform batch the dual ring wins)."""
     rule = PG_DUAL_DEFAULT.get((code, d, min(per_sm, 2)))
     if rule is None:
         return False
-    if rule.max_seqs is not None and n_seqs > rule.max_seqs and not (rule.same_parts and len(two) <= len(dual)):
-        return False
+    if rule.max_seqs is not None and n_seqs > rule.max_seqs:
+        if not (rule.same_parts and len(two() if callable(two) else two) <= len(dual)):
+            return False
     return _dual_pays(two, dual, n_sm, weight, rule.gain, rule.min_tiles, per_sm)
 
 
@@ -347,9 +358,7 @@ def _paged_buffers(code: int, d: int, num_kv_heads: int, ny: int, device_id, nh:
     (none since session 20), and its rings step down a stage where its q staging does not fit
     beside them (nvfp4 at d = 128: 2). ``KVLAB_DECODE_PAGED_NBUF=n`` sets the cap to ``n`` (2 … 4)
     instead (``4``: as many as fit, the session-9 rule)."""
-    import cupy
-
-    cc = int(cupy.cuda.Device(device_id).compute_capability)
+    cc = _compute_capability(device_id)
     if cc < 90:
         return 0, f"paged decode needs sm_90 (bulk copies), the device is sm_{cc}"
     if ny > PG_MAXW:
@@ -489,9 +498,7 @@ def _resolve_prefill_variant(prefill_variant, device_id) -> str:
     prefill_variant, what = _variant_choice(prefill_variant, "KVLAB_PREFILL_VARIANT", DEFAULT_PREFILL_VARIANT,
                                             PREFILL_VARIANTS, "prefill_variant")
     if prefill_variant in ("auto", "wgmma"):
-        import cupy
-
-        cc = int(cupy.cuda.Device(device_id).compute_capability)
+        cc = _compute_capability(device_id)
         if prefill_variant == "auto":
             return "wgmma" if cc == 90 else "mma"
         if cc != 90:
@@ -839,10 +846,10 @@ def _item_meta(items: np.ndarray, qsl: np.ndarray, sl: np.ndarray, bt: np.ndarra
     lo16 = lo & ~15
     nch = np.where(valid & (hi > lo16), (hi - lo16 + 15) >> 4, 0)
     out[:, 8] = np.where(valid, lo16, -1)
-    for j in range(ITEM_PRE):
-        ok = j < nch
-        col = np.where(ok, (lo16 + 16 * j) // block_size, 0)
-        out[:, 12 + j] = np.where(ok, bt[seq, col], -1)
+    j = np.arange(ITEM_PRE)
+    ok = j[None, :] < nch[:, None]                                  # (n, ITEM_PRE), one gather
+    col = np.where(ok, (lo16[:, None] + 16 * j[None, :]) // block_size, 0)
+    out[:, 12:12 + ITEM_PRE] = np.where(ok, bt[seq[:, None], col], -1)
     return out
 
 
@@ -1224,16 +1231,24 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         capacity = _resident_paged_ctas(_paged_spec(code, d, qd, nh), dev, ny * nh, paged_smem)
         lst = _paged_list(qsl_dec, sl_h, tpc, window, capacity, num_splits, nh, _device_props(dev)[0])
         if nh == 2 and not _dual_forced() and num_splits is None:
-            # the dual ring by default only where its list is modelled no slower (_dual_default)
+            # the dual ring by default only where its list is modelled no slower (_dual_default);
+            # the two-per-SM list is built only where that rule needs it
             nbuf1, note1 = _paged_buffers(code, d, Hkv, ny, dev)
             if nbuf1:
                 smem1 = paged_smem_bytes(code, d, Hkv, ny, nbuf1)
                 cap1 = _resident_paged_ctas(_paged_spec(code, d, qd), dev, ny, smem1)
                 n_sm = _device_props(dev)[0]
-                lst1 = _paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm)
-                if not _dual_default(code, d, lst1[0], lst[0], n_sm, _wave_weight(),
+                built = []
+
+                def two_list():
+                    if not built:
+                        built.append(_paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm))
+                    return built[0][0]
+
+                if not _dual_default(code, d, two_list, lst[0], n_sm, _wave_weight(),
                                      max(1, capacity // n_sm), int(np.count_nonzero(qlen_dec))):
-                    nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, lst1
+                    two_list()
+                    nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, built[0]
         items, red, n_parts, wave_weight, slot_fill = lst
     else:
         capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
