@@ -28,15 +28,33 @@ def _is_cupy(x) -> bool:
     return cupy is not None and isinstance(x, cupy.ndarray)
 
 
-def kind(x) -> str:
-    """``"numpy"``, ``"cupy"``, ``"torch"`` (CUDA tensor), ``"torch_cpu"`` or ``"other"``."""
+#: kind of each Python type seen so far (``kind`` runs ~100 times per attention call, so its
+#: answer is looked up by type instead of asked again; a torch tensor's device is still read
+#: per call)
+_TYPE_KINDS: dict = {}
+
+
+def _type_kind(x) -> str:
     if isinstance(x, np.ndarray):
         return "numpy"
     if _is_cupy(x):
         return "cupy"
     if _is_torch(x):
-        return "torch" if x.is_cuda else "torch_cpu"
+        return "torch"
     return "other"
+
+
+def kind(x) -> str:
+    """``"numpy"``, ``"cupy"``, ``"torch"`` (CUDA tensor), ``"torch_cpu"`` or ``"other"``."""
+    t = type(x)
+    k = _TYPE_KINDS.get(t)
+    if k is None:
+        k = _type_kind(x)
+        if k != "other":   # arbitrary objects are not remembered (the table stays small)
+            _TYPE_KINDS[t] = k
+    if k == "torch":
+        return "torch" if x.is_cuda else "torch_cpu"
+    return k
 
 
 def dtype_name(x) -> str:

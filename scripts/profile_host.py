@@ -1,6 +1,8 @@
 """Where the host time of one ``kvlab.paged_attention`` call goes (needs a GPU).
 
     python scripts/profile_host.py            # B=32 x 8k, 32/8 heads, d=128, int4, torch bf16
+    python scripts/profile_host.py --times    # the four times only (A/B runs of two trees)
+    python scripts/profile_host.py --format=int8_per_token_head
 
 Prints the wall time per call of (a) the whole call with its kept plan (the same index arrays
 every call: ``paged_attention``'s plan cache), (b) the whole call planned afresh (cache cleared
@@ -12,6 +14,7 @@ an engine builds the plan once per step and runs it for every layer.
 """
 import cProfile
 import pstats
+import sys
 import time
 
 import torch
@@ -20,7 +23,7 @@ import kvlab
 from kvlab.cuda.attention import clear_plan_cache, plan_paged_attention
 
 B, CTX, HQ, HKV, D, BS = 32, 8192, 32, 8, 128, 16
-FMT = "int4_per_token_head"
+FMT = next((a.split("=", 1)[1] for a in sys.argv[1:] if a.startswith("--format=")), "int4_per_token_head")
 nb = B * CTX // BS
 g = torch.Generator(device="cuda").manual_seed(0)
 cache = kvlab.allocate_cache(FMT, nb, BS, HKV, D, like=torch.empty(1, device="cuda", dtype=torch.bfloat16))
@@ -34,7 +37,7 @@ q = torch.randn((B, HQ, D), generator=g, device="cuda").to(torch.bfloat16)
 args = (q, cache, bt, sl, qsl)
 
 
-def per_call_ms(fn, n=50):
+def per_call_ms(fn, n=200):
     fn()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -56,6 +59,8 @@ print(f"whole call, plan afresh   {per_call_ms(fresh_call):.3f} ms")
 print(f"plan only                 {per_call_ms(lambda: plan_paged_attention(*args, FMT)):.3f} ms")
 print(f"run only (queued)         {per_call_ms(lambda: plan.run(*args, out=out)):.3f} ms")
 
+if "--times" in sys.argv[1:]:
+    sys.exit(0)
 prof = cProfile.Profile()
 prof.enable()
 for _ in range(50):

@@ -164,3 +164,26 @@ def test_mixed_numpy_and_gpu_arrays_rejected():
     key, val, cache, slots = _setup()
     with pytest.raises(TypeError, match="slot_mapping: torch CPU tensors are not accepted"):
         kvlab.reshape_and_cache(key, val, cache, torch.from_numpy(slots), "int4_per_token_head")
+
+
+def test_array_kind_by_type():
+    """``arrays.kind`` looks its answer up by type (it runs ~100 times per attention call); a
+    torch tensor's CPU / CUDA kind is still read from the tensor, subclasses are classified by
+    what they derive from, and arbitrary objects are not remembered."""
+    import torch
+
+    from kvlab import arrays
+
+    class Sub(np.ndarray):
+        pass
+
+    class Thing:
+        pass
+
+    a = np.ones(3)
+    assert arrays.kind(a) == arrays.kind(a) == "numpy"
+    assert arrays.kind(a.view(Sub)) == "numpy" and arrays._TYPE_KINDS[Sub] == "numpy"
+    assert arrays.kind(torch.ones(2)) == "torch_cpu" and arrays._TYPE_KINDS[torch.Tensor] == "torch"
+    assert arrays.kind(torch.nn.Parameter(torch.ones(2))) == "torch_cpu"
+    assert arrays.kind(Thing()) == arrays.kind([1, 2]) == "other"
+    assert Thing not in arrays._TYPE_KINDS and list not in arrays._TYPE_KINDS
