@@ -71,11 +71,16 @@ def stream_ptr(x) -> int:
     for tensors, CuPy's current stream of ``x``'s device otherwise)."""
     import cupy
 
-    dev = arrays.device_id(x)
     if arrays.kind(x) == "torch":
         import torch
 
+        # the raw handle, as triton's launcher asks for it (no torch.cuda.Stream object built;
+        # measured in docs/perf-notes.md "Session 23"), where this torch has it
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        if raw is not None:
+            return int(raw(x.device.index))
         return int(torch.cuda.current_stream(x.device).cuda_stream)
+    dev = arrays.device_id(x)
     with cupy.cuda.Device(dev):
         return int(cupy.cuda.get_current_stream().ptr)
 
