@@ -982,3 +982,32 @@ def test_launch_ex_packs_arguments(monkeypatch):
         L.launch_ex(kernel, (1,), (32,), (np.zeros(2),))
     with pytest.raises(TypeError, match="at most 8 bytes"):
         L.launch_ex(kernel, (1,), (32,), (5,))
+
+
+def test_wave_weight_by_format(monkeypatch):
+    """The first-wave weight (``_wave_weight``): nvfp4's own at d = 128 (``PG_WAVE_WEIGHT_FMT``)
+    where its split parts average at least the rule's tiles (B = 32 × 8k, batch 1 × 128k), the
+    common ``PG_WAVE_WEIGHT`` for short parts (batch 1 × 32k, measured slower with nvfp4's
+    weight), for the other formats and for nvfp4 at d = 64 (not measured); ``KVLAB_DECODE_WAVE_WEIGHT`` wins over both. The plan's list carries
+    the weight it was cut with, and its heavy parts are that many times as long."""
+    from kvlab.cuda import attention as A
+
+    monkeypatch.delenv("KVLAB_DECODE_WAVE_WEIGHT", raising=False)
+    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
+    w4, tmin = A.PG_WAVE_WEIGHT_FMT[4, 128]
+    assert w4 != A.PG_WAVE_WEIGHT
+
+    def lst(B, L, code, d=128):
+        return A._paged_list(np.arange(B + 1), np.full(B, L), 2, 0, 264, None, 1, 132, (code, d))
+
+    for B, L, want in ((32, 8192, w4), (1, 131072, w4), (1, 32768, A.PG_WAVE_WEIGHT)):
+        items = A._work_list(np.arange(B + 1), np.full(B, L), 2, 0, 1, 264, None, A.PG_MIN_SPLIT_TOKENS)[0]
+        assert (A._row_tiles(items).mean() >= tmin) == (want == w4)
+        got = lst(B, L, 4)
+        assert got[3] == want
+        t = A._row_tiles(got[0])
+        assert t[:132].max() / t[132:].min() == pytest.approx(want, rel=0.1)   # heavy parts first
+        assert lst(B, L, 3)[3] == lst(B, L, 4, 64)[3] == A.PG_WAVE_WEIGHT   # int4; nvfp4 at d = 64
+        assert A._paged_list(np.arange(B + 1), np.full(B, L), 2, 0, 264, None, 1, 132)[3] == A.PG_WAVE_WEIGHT
+    monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", "1.3")
+    assert lst(32, 8192, 4)[3] == lst(32, 8192, 3)[3] == 1.3

@@ -183,6 +183,16 @@ PG_DUAL_NBUF: dict[tuple[int, int], int] = {}
 #: CTA placed first on an SM runs faster than its partner (measured on the H200, docs/perf-notes.md
 #: "Session 11"), so its splits get this many times the tokens; KVLAB_DECODE_WAVE_WEIGHT overrides
 PG_WAVE_WEIGHT = 1.2
+#: (weight, mean 16-token tiles per part) by (format code, head size): the first-wave weight where
+#: the split list has parts at least that long on average (``_wave_weight``). nvfp4's first-placed CTA
+#: outruns its partner more (session 21's timeline at 1.2, B = 32 × 8k: the first-placed CTAs'
+#: loops take ~82 µs for 34–35 stages, their partners' ~95 for 29–30; docs/perf-notes.md
+#: "Session 23"). Measured on the H200 (scripts/decode_fill_ab.py, weights 1.2 … 2.0, A B A B):
+#: 1.6 against 1.2 −1.6 % at B = 32 × 8k, −1.8 % at 64 × 4k, −3.0 % at 4 × 32k, −0.6 % at batch
+#: 1 × 128k, −3 … −5 % on the ragged batches, flat at 8 / 16 × 8k; 1.8 and 2.0 mostly slower
+#: than 1.6; batch 1 × 32k (~9 tiles per part)
+#: +2.3 … +2.6 %, hence the tile minimum. Measured at 32/8 heads, d = 128 only (d = 64 keeps 1.2).
+PG_WAVE_WEIGHT_FMT: dict[tuple[int, int], tuple[float, int]] = {(4, 128): (1.6, 16)}
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
 PF_WARPS = 8                     # warps per prefill CTA (kernels_cu/paged_prefill.cu: NW)
@@ -853,10 +863,16 @@ def _item_meta(items: np.ndarray, qsl: np.ndarray, sl: np.ndarray, bt: np.ndarra
     return out
 
 
-def _wave_weight() -> float:
-    """First-wave weight of the paged decode's splits: ``KVLAB_DECODE_WAVE_WEIGHT`` or PG_WAVE_WEIGHT."""
+def _wave_weight(key: tuple[int, int] | None = None, items: np.ndarray | None = None) -> float:
+    """First-wave weight of the paged decode's splits: ``KVLAB_DECODE_WAVE_WEIGHT`` if set, else
+    ``PG_WAVE_WEIGHT_FMT``'s weight for ``key`` (format code, head size) where the split list ``items``
+    (``_work_list``'s, before weighting) has parts of at least its mean tile count, else
+    ``PG_WAVE_WEIGHT``."""
     env = os.environ.get("KVLAB_DECODE_WAVE_WEIGHT", "").strip()
     if not env:
+        rule = PG_WAVE_WEIGHT_FMT.get(key)
+        if rule is not None and items is not None and len(items) and _row_tiles(items).mean() >= rule[1]:
+            return rule[0]
         return PG_WAVE_WEIGHT
     try:
         w = float(env)
@@ -1102,17 +1118,18 @@ def _fill_pays(filled: np.ndarray, weighted: np.ndarray, n_sm: int, weight: floa
     return _longest_part(filled, n_sm, weight) <= PG_FILL_MIN_GAIN * _longest_part(weighted, n_sm, weight)
 
 
-def _paged_list(qsl_dec, sl, tpc, window, capacity, num_splits, nh, n_sm):
+def _paged_list(qsl_dec, sl, tpc, window, capacity, num_splits, nh, n_sm, key=None):
     """The paged decode's work list for ``capacity`` resident CTAs of ``nh`` halves:
     ``(items, red, n_parts, wave_weight, slot_fill)``. ``_work_list``'s split list, then (unless
     ``num_splits`` forces the splits) re-drawn over every slot (``_slot_filled``) where that pays,
     else weighted for the first-placed CTAs (``_wave_weighted``). The dual-ring CTA (``nh`` 2) has
     no partner on its SM: nothing to weigh, every slot alike, no slack (the placement quirk of
-    ``PG_FILL_SLACK`` is the two-per-SM grid's at exactly 2·n_sm CTAs)."""
+    ``PG_FILL_SLACK`` is the two-per-SM grid's at exactly 2·n_sm CTAs). ``key``: (format code,
+    head size), for the first-wave weight (``_wave_weight``)."""
     items, red, n_parts = _work_list(qsl_dec, sl, tpc, window, 1, capacity, num_splits, PG_MIN_SPLIT_TOKENS)
     if num_splits is not None:
         return items, red, n_parts, 1.0, False
-    w, mode = (_wave_weight() if nh == 1 else 1.0), _slot_fill()
+    w, mode = (_wave_weight(key, items) if nh == 1 else 1.0), _slot_fill()
     weighted = _wave_weighted(items, n_sm, capacity, w)
     try_fill = mode == "2" or (mode == "1" and _fill_may_pay(weighted, n_sm, capacity, w))
     filled = (_slot_filled(items, n_sm, capacity, w, PG_MIN_SPLIT_TOKENS // 16,
@@ -1229,7 +1246,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
     qsl_dec = np.concatenate([[0], np.cumsum(qlen_dec)])
     if variant == "paged":
         capacity = _resident_paged_ctas(_paged_spec(code, d, qd, nh), dev, ny * nh, paged_smem)
-        lst = _paged_list(qsl_dec, sl_h, tpc, window, capacity, num_splits, nh, _device_props(dev)[0])
+        lst = _paged_list(qsl_dec, sl_h, tpc, window, capacity, num_splits, nh, _device_props(dev)[0], (code, d))
         if nh == 2 and not _dual_forced() and num_splits is None:
             # the dual ring by default only where its list is modelled no slower (_dual_default);
             # the two-per-SM list is built only where that rule needs it
@@ -1242,7 +1259,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
 
                 def two_list():
                     if not built:
-                        built.append(_paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm))
+                        built.append(_paged_list(qsl_dec, sl_h, tpc, window, cap1, None, 1, n_sm, (code, d)))
                     return built[0][0]
 
                 if not _dual_default(code, d, two_list, lst[0], n_sm, _wave_weight(),
