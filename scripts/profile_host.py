@@ -4,9 +4,9 @@
     python scripts/profile_host.py --times    # the four times only (A/B runs of two trees)
     python scripts/profile_host.py --format=int8_per_token_head
 
-Prints the wall time per call (the fastest of 7 blocks of 40 calls) of (a) the whole call with its kept plan (the same index arrays
-every call: ``paged_attention``'s plan cache), (b) the whole call planned afresh (cache cleared
-first), (c) ``plan_paged_attention`` alone and (d) ``AttentionPlan.run`` alone (launches only,
+Prints the wall time per call (the fastest of 7 blocks of 40 calls) of (a) the whole call with
+its kept plan (the same index arrays every call: ``paged_attention``'s plan cache), (b) the whole
+call planned afresh (cache cleared first), (c) ``plan_paged_attention`` alone and (d) ``AttentionPlan.run`` alone (launches only,
 one synchronization after all calls), then a cProfile of the whole planned-afresh call's
 Python functions sorted by cumulative time, then by own time, then what the plan's own
 functions call (``print_callees``). The decode benchmark times (d);

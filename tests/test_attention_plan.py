@@ -1011,3 +1011,11 @@ def test_wave_weight_by_format(monkeypatch):
         assert A._paged_list(np.arange(B + 1), np.full(B, L), 2, 0, 264, None, 1, 132)[3] == A.PG_WAVE_WEIGHT
     monkeypatch.setenv("KVLAB_DECODE_WAVE_WEIGHT", "1.3")
     assert lst(32, 8192, 4)[3] == lst(32, 8192, 3)[3] == 1.3
+
+
+def test_wave_weight_keys_have_no_dual_rule():
+    """A (format, head size) with its own first-wave weight has no dual-ring rule:
+    ``_dual_default`` models the two-per-SM list at ``PG_WAVE_WEIGHT``, so the two must not meet."""
+    from kvlab.cuda import attention as A
+
+    assert not {k[:2] for k in A.PG_DUAL_DEFAULT} & set(A.PG_WAVE_WEIGHT_FMT)

@@ -190,8 +190,9 @@ PG_WAVE_WEIGHT = 1.2
 #: "Session 23"). Measured on the H200 (scripts/decode_fill_ab.py, weights 1.2 … 2.0, A B A B):
 #: 1.6 against 1.2 −1.6 % at B = 32 × 8k, −1.8 % at 64 × 4k, −3.0 % at 4 × 32k, −0.6 % at batch
 #: 1 × 128k, −3 … −5 % on the ragged batches, flat at 8 / 16 × 8k; 1.8 and 2.0 mostly slower
-#: than 1.6; batch 1 × 32k (~9 tiles per part)
-#: +2.3 … +2.6 %, hence the tile minimum. Measured at 32/8 heads, d = 128 only (d = 64 keeps 1.2).
+#: than 1.6; batch 1 × 32k (~9 tiles per part) +2.3 … +2.6 %, hence the tile minimum. Measured at
+#: 32/8 heads, d = 128 only (d = 64 keeps 1.2). A key here must not have a PG_DUAL_DEFAULT rule as
+#: well: _dual_default models the two-per-SM list at PG_WAVE_WEIGHT.
 PG_WAVE_WEIGHT_FMT: dict[tuple[int, int], tuple[float, int]] = {(4, 128): (1.6, 16)}
 
 PREFILL_HEAD_SIZES = (64, 128)   # head size 256 prefill runs on the decode kernel
