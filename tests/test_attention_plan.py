@@ -1019,3 +1019,32 @@ def test_wave_weight_keys_have_no_dual_rule():
     from kvlab.cuda import attention as A
 
     assert not {k[:2] for k in A.PG_DUAL_DEFAULT} & set(A.PG_WAVE_WEIGHT_FMT)
+
+
+# CTAs per SM (ctas_per_sm), hand-computed: warp registers = regs · 32 rounded up to 256; each of
+# the 4 sub-partitions holds 16384 // warp_regs warps; CTAs = 4 · that // warps (then shared
+# memory with 1 KB reserved per CTA, 2048 threads, 32 CTAs).
+@pytest.mark.parametrize("regs, warps, smem, expect", [
+    (106, 3, 30_000, 5),      # 3584-register warps: 4 per sub-partition, 16 // 3 = 5 (the SM's 65536 // 10752 = 6 is wrong)
+    (93, 3, 0, 6),            # 3072: 5 per sub-partition, 20 // 3 = 6 (the SM's quotient says 7)
+    (128, 8, 60_000, 2),      # 4096: 4 per sub-partition, 16 // 8 = 2
+    (128, 16, 151_552, 1),    # the dual-ring CTA at d = 128
+    (114, 6, 40_000, 2),      # 3840: 4 per sub-partition, 16 // 6 = 2
+    (32, 4, 102_400, 2),      # shared memory: 233472 // (102400 + 1024) = 2
+    (16, 32, 0, 2),           # threads: 2048 // 1024
+    (16, 1, 0, 32),           # the CTA cap (registers would allow 128, threads 64)
+    (255, 32, 0, 1),          # nothing fits by registers: still one CTA (a launch would fail, not the plan)
+])
+def test_ctas_per_sm(regs, warps, smem, expect):
+    from kvlab.cuda.attention import ctas_per_sm
+
+    assert ctas_per_sm(regs, warps, smem, 233_472) == expect
+
+
+def test_ctas_per_sm_rejects_nonsense():
+    from kvlab.cuda.attention import ctas_per_sm
+
+    with pytest.raises(ValueError, match="warps_per_cta"):
+        ctas_per_sm(100, 0, 0, 233_472)
+    with pytest.raises(ValueError, match="regs_per_thread"):
+        ctas_per_sm(0, 4, 0, 233_472)

@@ -565,17 +565,41 @@ def _smem_optin(device_id) -> int:
     return int(props.get("sharedMemPerBlockOptin", 48 * 1024))
 
 
+#: what one SM of sm_80 / sm_90 holds: 4 sub-partitions (SMSPs) of 16,384 registers each,
+#: 2,048 threads, 32 CTAs; registers go to a warp in units of 256; 1 KB of shared memory is
+#: reserved per CTA
+SM_SUBPARTITIONS, SUBPARTITION_REGS, SM_THREADS, SM_CTAS, REG_UNIT, CTA_SMEM_RESERVED = 4, 16384, 2048, 32, 256, 1024
+
+
+def ctas_per_sm(regs_per_thread: int, warps_per_cta: int, smem_per_cta: int, smem_per_sm: int) -> int:
+    """CTAs of one kernel resident on one SM at once (at least 1), the rule of CUDA's occupancy
+    calculator (``cuOccupancyMaxActiveBlocksPerMultiprocessor``; the GPU tests compare the two
+    for every decode kernel the plans launch): the least of
+
+    * registers: each of the SM's 4 sub-partitions holds ``16384 // warp_regs`` warps of
+      ``warp_regs = regs_per_thread · 32`` rounded up to 256 registers, and a CTA's warps are
+      spread over the sub-partitions, so ``4 · (16384 // warp_regs) // warps_per_cta`` CTAs fit.
+      The whole SM's ``65536 // (warp_regs · warps_per_cta)`` overcounts where the warps of a CTA
+      are not a multiple of 4 — 9 / 3 heads: 3 warps of 106 registers, 5 CTAs, not 6 (measured on
+      the H200, docs/perf-notes.md "Session 24": 108 of 768 CTAs waited for a second wave);
+    * shared memory: ``smem_per_sm // (smem_per_cta + 1 KB)`` (``smem_per_cta``: static + dynamic);
+    * threads (2,048) and CTAs (32) per SM.
+    """
+    if regs_per_thread < 1 or warps_per_cta < 1 or smem_per_cta < 0:
+        raise ValueError(f"ctas_per_sm: regs_per_thread and warps_per_cta must be >= 1 and smem_per_cta >= 0, "
+                         f"got {regs_per_thread}, {warps_per_cta}, {smem_per_cta}")
+    warp_regs = -(-regs_per_thread * 32 // REG_UNIT) * REG_UNIT
+    by_regs = SM_SUBPARTITIONS * (SUBPARTITION_REGS // warp_regs) // warps_per_cta
+    by_smem = smem_per_sm // (smem_per_cta + CTA_SMEM_RESERVED)
+    return max(1, min(by_regs, by_smem, SM_THREADS // (warps_per_cta * 32), SM_CTAS))
+
+
 @functools.cache
 def _resident_paged_ctas(spec, device_id, ny: int, dyn_smem: int) -> int:
     """CTAs of the paged decode kernel (``ny`` warps, ``dyn_smem`` bytes) resident on the GPU."""
     kernel = get_kernel(spec, device_id)
     n_sm, smem_sm = _device_props(device_id)
-    regs = max(int(kernel.num_regs), 1)
-    warp_regs = -(-regs * 32 // 256) * 256
-    by_regs = 65536 // (warp_regs * ny)
-    smem = int(kernel.shared_size_bytes) + dyn_smem + 1024
-    by_smem = smem_sm // max(smem, 1)
-    return n_sm * max(1, min(by_regs, by_smem, 2048 // (ny * 32), 32))
+    return n_sm * ctas_per_sm(int(kernel.num_regs), ny, int(kernel.shared_size_bytes) + dyn_smem, smem_sm)
 
 
 _DYN_SET: dict = {}
@@ -595,12 +619,7 @@ def _resident_ctas(spec, device_id) -> int:
     """CTAs of one decode instantiation resident on the whole GPU at once (registers, shared memory)."""
     kernel = get_kernel(spec, device_id)
     n_sm, smem_sm = _device_props(device_id)
-    regs = max(int(kernel.num_regs), 1)
-    warp_regs = -(-regs * 32 // 256) * 256
-    by_regs = 65536 // (warp_regs * NW)
-    smem = int(kernel.shared_size_bytes) + 1024
-    by_smem = smem_sm // max(smem, 1)
-    return n_sm * max(1, min(by_regs, by_smem, 2048 // (NW * 32), 32))
+    return n_sm * ctas_per_sm(int(kernel.num_regs), NW, int(kernel.shared_size_bytes), smem_sm)
 
 
 @dataclass
