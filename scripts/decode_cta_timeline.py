@@ -11,7 +11,8 @@ stage's math (e3), after the epilogue (e4); plus its SM and stage count, and clo
 points inside the prologue (its parts are printed in cycles; with
 -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS also at the start of each query column: column 0's cycles
 and the median of the others). Each case (as
-scripts/profile_decode.py: FORMAT:B:CTX:VARIANT, 32/8 heads, d = 128, block 16, shuffled blocks)
+scripts/profile_decode.py: FORMAT:B:CTX:VARIANT[:HQ/HKV/D], 32/8 heads and d = 128 unless
+named, block 16, shuffled blocks)
 runs warm, then ``--repeats`` times with L2 flushed before each run; the table gives, per case,
 the medians over repeats of: the launch skew (last CTA start − first), the phases per CTA (median
 and max over CTAs), the tail (last CTA end − median CTA end), the kernel's span (first start →
