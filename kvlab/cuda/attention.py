@@ -469,11 +469,12 @@ def _auto_wants_paged(fmt_name: str, d: int, num_kv_heads: int, dec_lens, window
     (int array, one per decode sequence): where decode sequences × KV heads reach
     ``AUTO_PAGED_MIN_SM_FRACTION`` SMs' worth, or the rows it reads (each sequence's attended
     context — ``window`` tokens at most when > 0 — times the KV heads) reach
-    ``AUTO_PAGED_MIN_ROWS``. One exception, measured: int4 at head size 64 with ≤ 4 KV heads and a
-    single decode sequence stays on per_head (the shipped model's 9/3 heads at batch 1 × 128k:
-    per_head 0.0298 ms, paged 0.0376). Fitted on session 21's H200 decode grid; where it picks the
-    slower kernel there (tests/test_attention_plan.py, test_auto_variant_where_measured) it loses
-    ≤ 15 %, ≤ 2 µs."""
+    ``AUTO_PAGED_MIN_ROWS``. Fitted on session 21's H200 decode grid, its 9 / 3-head cells
+    re-measured in session 24 once the paged lists fitted the GPU (``ctas_per_sm``); where it picks
+    the slower kernel there (tests/test_attention_plan.py, test_auto_variant_where_measured) it
+    loses ≤ 16 %, ≤ 2 µs. (Sessions 21–23 kept int4 at head size 64 with ≤ 4 KV heads and one
+    sequence on per_head: the paged list had a second wave there, 0.0376 ms against per_head's
+    0.0298 at 9 / 3 heads × 128k; without it paged takes 0.0278.)"""
     if fmt_name not in AUTO_PAGED_MIN_SM_FRACTION:
         return False
     lens = np.asarray(dec_lens, dtype=np.int64)
@@ -482,8 +483,6 @@ def _auto_wants_paged(fmt_name: str, d: int, num_kv_heads: int, dec_lens, window
         return False
     if n * num_kv_heads >= AUTO_PAGED_MIN_SM_FRACTION[fmt_name] * n_sm:
         return True
-    if fmt_name == "int4_per_token_head" and d == 64 and num_kv_heads <= 4 and n == 1:
-        return False
     span = np.minimum(lens, window) if window > 0 else lens
     return int(span.sum()) * num_kv_heads >= AUTO_PAGED_MIN_ROWS[fmt_name]
 

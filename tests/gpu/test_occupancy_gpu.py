@@ -17,7 +17,7 @@ cupy = pytest.importorskip("cupy")
 from kvlab.cuda import attention as A  # noqa: E402
 from kvlab.cuda.loader import get_kernel  # noqa: E402
 
-T = "__nv_bfloat16"
+T = "bfloat16"   # the q dtype the plans pass (arrays.dtype_name)
 
 
 def _driver_ctas(kernel, spec, dev, threads, dyn_smem):
