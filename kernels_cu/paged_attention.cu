@@ -1350,23 +1350,6 @@ constexpr int PG_MAXBUF = 4;  // stage buffers at most (per ring)
 #if defined(KVLAB_DECODE_SERIAL_QUERY_COLUMNS) && defined(KVLAB_DECODE_LATE_QUERY_LOADS)
 #error "KVLAB_DECODE_LATE_QUERY_LOADS moves the loads of the joint query staging, which KVLAB_DECODE_SERIAL_QUERY_COLUMNS replaces: name one"
 #endif
-// KVLAB_DECODE_BT_BEHIND_STAGING (the default since session 24; docs/perf-notes.md "Session 24"):
-// of the stages a ring's producer issues before the loop, those whose blocks the work item carries
-// (half 0's first ITEM_PRE chunks) are issued at once; the block ids of the others are loaded from
-// the block table at once too, but their copies are issued after the producer's query staging, so
-// that the table's round trip overlaps the staging instead of delaying it — and the CTA's barrier
-// after it (half 1 of the dual ring reads every early block from the table; so does a ring of more
-// than ITEM_PRE early chunks, e.g. 4 stages of 2 at d = 64). -DKVLAB_DECODE_NO_BT_BEHIND_STAGING
-// issues every early stage before the staging, waiting for the table (sessions 17-23; A/B). Needs
-// the early issue and the work item's blocks.
-#if !defined(KVLAB_DECODE_NO_BT_BEHIND_STAGING) && !defined(KVLAB_DECODE_NO_EARLY_ISSUE) && \
-    !defined(KVLAB_DECODE_NO_ITEM_META) && !defined(KVLAB_DECODE_BT_BEHIND_STAGING)
-#define KVLAB_DECODE_BT_BEHIND_STAGING
-#endif
-#if defined(KVLAB_DECODE_BT_BEHIND_STAGING) && \
-    (defined(KVLAB_DECODE_NO_BT_BEHIND_STAGING) || defined(KVLAB_DECODE_NO_EARLY_ISSUE) || defined(KVLAB_DECODE_NO_ITEM_META))
-#error "KVLAB_DECODE_BT_BEHIND_STAGING (the default) needs the early issue and the work item's blocks, and excludes its NO_ switch"
-#endif
 #ifdef KVLAB_DECODE_TIMELINE
 constexpr int TL_MAX_CTAS = 8192, TL_WORDS = 24;
 __device__ unsigned long long kvlab_decode_timeline[TL_MAX_CTAS * TL_WORDS];
@@ -1570,8 +1553,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #endif
   // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b;
   // PRE: a stage before the main loop (its first chunks' blocks may come from the item).
-  // blk0 / blk1: the blocks of the stage's chunks 0 / 1 where the caller has them (-1: look up)
-  auto issue = [&](int st, int b, auto pre_tag, int blk0 = -1, int blk1 = -1) {   // b = st % nbuf
+  auto issue = [&](int st, int b, auto pre_tag) {   // b = st % nbuf
     constexpr bool PRE = decltype(pre_tag)::value;
     uint8_t* sbuf = ring + b * stage_sm;
     const int nc = min(CPT, nch - st * CPT);
@@ -1580,10 +1562,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     for (int j = 0; j < nc; ++j) {
       const int ci = st * CPT + j;
       const int p0 = lo16 + 16 * ci;
-      int blk = j == 0 ? blk0 : blk1;
+      int blk = -1;
 #ifndef KVLAB_DECODE_NO_ITEM_META
       if constexpr (PRE)
-        if (blk < 0) blk = ci == 0 ? pre.x : ci == 1 ? pre.y : ci == 2 ? pre.z : ci == 3 ? pre.w : -1;
+        blk = ci == 0 ? pre.x : ci == 1 ? pre.y : ci == 2 ? pre.z : ci == 3 ? pre.w : -1;
 #endif
       if (blk < 0) blk = bt[p0 >> bs_log2];
       const int o = p0 & (BS - 1);
@@ -1617,36 +1599,8 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // split staging: one staging per CTA after both rings (paged_smem_bytes), every stage issued now
   const int q_off = SPLIT_Q ? NH * nbuf * stage_sm : max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
   const int q_buf = SPLIT_Q ? nbuf : q_off / stage_sm;   // the first buffer the q staging overlaps
-#ifdef KVLAB_DECODE_BT_BEHIND_STAGING
-  // the early stages: blocks from the item, or loaded from the table now (eb) and used after the
-  // staging; stages [0, st_late) have all their blocks in the item and go now
-  int eb[PG_MAXBUF][CPT];
-  int st_late = 0, st_end = 0;
-  if (producer) {
-    st_end = min(q_buf, nst);
-    st_late = st_end;
-#pragma unroll
-    for (int st = 0; st < PG_MAXBUF; ++st) {
-#pragma unroll
-      for (int j = 0; j < CPT; ++j) {
-        const int ci = st * CPT + j;
-        int blk = -1;
-        if (st < st_end && ci < nch) {
-          blk = ci == 0 ? pre.x : ci == 1 ? pre.y : ci == 2 ? pre.z : ci == 3 ? pre.w : -1;
-          if (blk < 0) {
-            blk = __ldg(bt + ((lo16 + 16 * ci) >> bs_log2));
-            st_late = min(st_late, st);
-          }
-        }
-        eb[st][j] = blk;
-      }
-    }
-    for (int st = 0; st < st_late; ++st) issue(st, st, MaskTag<true>{});
-  }
-#else
   if (producer)
     for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st, MaskTag<true>{});
-#endif
 #endif
   KVLAB_TL_CLOCK(12);
   uint16_t* q_sm = reinterpret_cast<uint16_t*>((SPLIT_Q ? dsm : ring) + q_off) +
@@ -1672,13 +1626,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                                        SPLIT_Q ? 1 : QCols<D, T, QLPC>::PASSES);
 #endif
   KVLAB_TL_CLOCK(13);
-#ifdef KVLAB_DECODE_BT_BEHIND_STAGING
-  if (producer) {   // the early stages that waited for the block table (their ids are in by now)
-#pragma unroll
-    for (int st = 0; st < PG_MAXBUF; ++st)
-      if (st >= st_late && st < st_end) issue(st, st, MaskTag<true>{}, eb[st][0], eb[st][CPT - 1]);
-  }
-#endif
   if constexpr (SPLIT_Q)
     __syncthreads();   // column group cg's columns come from warps cg (0-3) and cg + ny (4-7)
   else

@@ -456,7 +456,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
                         "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
-                        "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_BT_BEHIND_STAGING",
+                        "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS",
                         "-DKVLAB_DECODE_KV_SPLIT"]
 
@@ -474,9 +474,7 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_LATE_QUERY_LOADS (the query rows loaded after the first copies) and with
     -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time) and with session 14's
     -DKVLAB_DECODE_NO_PACKED_E2M1 (nvfp4 operands nibble pair by pair) together with
-    -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted) and session 24's
-    -DKVLAB_DECODE_NO_BT_BEHIND_STAGING (every early stage issued before the query staging, waiting
-    for the block table), and with session 17's
+    -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted), and with session 17's
     -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row, built
     together with -DKVLAB_DECODE_NO_PDL and session 18's -DKVLAB_DECODE_DUAL_CTA_BARRIER, the
     dual-ring CTA's prologue behind one CTA-wide barrier instead of one per half) and with session 20's
@@ -499,19 +497,6 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
                     assert regs[f"paged_attention_decode_paged<{fmt}, {d}, {t}>"] <= 128
                 for fmt in (1, 2, 3, 4):   # the dual-ring CTA: 16 warps, one CTA per SM
                     assert regs[f"paged_attention_decode_paged<{fmt}, {d}, {t}, 2>"] <= 128
-
-
-@pytest.mark.parametrize("opts, ok", [("-DKVLAB_DECODE_NO_BT_BEHIND_STAGING", True),
-                                      ("-DKVLAB_DECODE_BT_BEHIND_STAGING", True),
-                                      ("-DKVLAB_DECODE_BT_BEHIND_STAGING -DKVLAB_DECODE_NO_BT_BEHIND_STAGING", False),
-                                      ("-DKVLAB_DECODE_BT_BEHIND_STAGING -DKVLAB_DECODE_NO_EARLY_ISSUE", False),
-                                      ("-DKVLAB_DECODE_BT_BEHIND_STAGING -DKVLAB_DECODE_NO_ITEM_META", False)])
-def test_decode_bt_behind_staging_switch(opts, ok, monkeypatch):
-    """KVLAB_DECODE_BT_BEHIND_STAGING (the default since session 24: the early stages that wait for
-    the block table are issued after the query staging) builds alone or named; named together with
-    its NO_ switch or with a build that has no early issue or no work-item blocks it is an #error,
-    so that an A/B build cannot be mislabelled."""
-    _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 64, __nv_bfloat16, 2>", opts, ok)
 
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",

@@ -25,7 +25,8 @@ def _driver_ctas(kernel, spec, dev, threads, dyn_smem):
 
     A._raise_dynamic_smem(kernel, spec, dev, dyn_smem)
     with cupy.cuda.Device(dev):
-        return driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, threads, dyn_smem)
+        fn = getattr(kernel, "kernel", kernel)   # cupy.RawKernel -> its cupy.cuda.function.Function
+        return driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.ptr, threads, dyn_smem)
 
 
 def _sm90(dev):
