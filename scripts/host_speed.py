@@ -13,7 +13,8 @@ host work on any machine, so that the two can be compared line by line:
   concatenate, argsort on ~100 elements);
 * ``_work_list``, ``_paged_list``, ``_item_meta``: the plan's own host functions
   (kvlab/cuda/attention.py) on the decode benchmark's B = 32 × 8k batch (32/8 heads, d = 128,
-  block 16), with a device count of 132 SMs and 2·132 resident CTAs, as on the H200.
+  block 16) for an H200's 132 SMs: the paged decode's list for 2·132 resident CTAs, the per-head
+  kernel's for 4·132.
 
 The ratio of two machines' lines says whether the lent host is slower at everything (the
 interpreter, NumPy) or at something particular (e.g. one NumPy routine).
@@ -92,7 +93,7 @@ def main() -> int:
     def paged_list():
         return A._paged_list(qsl, sl, tpc, 0, 2 * n_sm, None, 1, n_sm, key)
 
-    items = A._paged_list(qsl, sl, tpc, 0, 2 * n_sm, None, 1, n_sm, key)[0]
+    items = paged_list()[0]
 
     def item_meta():
         return A._item_meta(items, qsl, sl, bt, tpc, 0, BS)
