@@ -30,7 +30,7 @@ check: setup
 
 test: setup
 	$(BIN)/python -m kvlab check --quiet
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --maxprocesses 4 --dist worksteal
 
 # On a GPU machine: GPU tests + benchmarks, table printed last (scripts/gpu_run.sh).
 gpu:

@@ -80,6 +80,8 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="report the environment and NVRTC-compile every kernel")
     c.add_argument("--arch", action="append", help="target(s), default sm_90 and sm_80")
     c.add_argument("--quiet", action="store_true", help="one line per family")
+    c.add_argument("--fresh", action="store_true",
+                   help="compile every build again, not from the offline compile cache (KVLAB_COMPILE_CACHE=0 likewise)")
     d = sub.add_parser("demo", help="round trip random data through every format")
     d.add_argument("--seed", type=int, default=0)
     d.add_argument("--format", action="append", help="format(s) to run (default: every format)")
@@ -100,7 +102,8 @@ def main(argv=None) -> int:
         if args.cmd == "check":
             from kvlab.cli_check import check_archs, run_check
 
-            return run_check(check_archs(args.arch or ("sm_90", "sm_80")), verbose=not args.quiet)
+            return run_check(check_archs(args.arch or ("sm_90", "sm_80")), verbose=not args.quiet,
+                             fresh=args.fresh)
         if args.cmd == "demo":
             return _demo(args)
         if args.cmd == "bench":

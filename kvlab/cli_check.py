@@ -76,8 +76,12 @@ def check_archs(archs) -> tuple:
     return tuple(out)
 
 
-def run_check(archs=("sm_90", "sm_80"), verbose: bool = True) -> int:
-    """Print the environment and compile every family for every arch. Returns the exit code."""
+def run_check(archs=("sm_90", "sm_80"), verbose: bool = True, fresh: bool = False) -> int:
+    """Print the environment and compile every family for every arch. Returns the exit code.
+
+    A build whose every input NVRTC would see was compiled before is answered from the offline
+    compile cache (``loader.compile_family_offline``; the family's line says ``cached``);
+    ``fresh=True`` (``kvlab check --fresh``) compiles everything again."""
     from .cuda import loader
 
     info = environment()
@@ -93,7 +97,7 @@ def run_check(archs=("sm_90", "sm_80"), verbose: bool = True) -> int:
         for arch in loader.family_archs(fam, archs):
             t0 = time.perf_counter()
             try:
-                reps = loader.compile_family_offline(fam, arch)
+                reps = loader.compile_family_offline(fam, arch, use_cache=False if fresh else None)
             except Exception as e:  # a compile error: print NVRTC's log and keep going
                 failures += 1
                 print(f"{fam:20s} {arch:6s} COMPILE ERROR\n{e}", file=sys.stderr)
@@ -105,13 +109,16 @@ def run_check(archs=("sm_90", "sm_80"), verbose: bool = True) -> int:
                 if verbose:
                     print(f"{fam:20s} {arch:6s} {r.name_expression:58.58s} {r.registers:5d} "
                           f"{r.spill_stores:5d}/{r.spill_loads:<6d} {r.stack_frame:6d}{flag}")
+            if verbose and reps and all(r.cached for r in reps):
+                print(f"{fam:20s} {arch:6s} (the rows above: offline compile cache; --fresh compiles again)")
             expected = len(loader.FAMILIES.get(fam, []))
             if len(reps) != expected:
                 failures += 1
                 print(f"{fam}: {arch}: compiled {len(reps)} instantiations, expected {expected}",
                       file=sys.stderr)
             if not verbose:
-                print(f"{fam:20s} {arch:6s} {len(reps)} instantiations in {dt:.2f} s")
+                how = " (cached)" if reps and all(r.cached for r in reps) else ""
+                print(f"{fam:20s} {arch:6s} {len(reps)} instantiations in {dt:.2f} s{how}")
     print()
     status = "OK" if failures == 0 else f"FAILED ({failures} families)"
     print(f"compiled {total} kernel instantiations for {', '.join(archs)}: {status}")

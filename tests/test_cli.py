@@ -20,20 +20,26 @@ def test_check_compiles_every_kernel_for_sm90_and_sm80():
     print(last)
 
 
-def test_check_fails_on_a_compile_error(tmp_path, monkeypatch):
-    """A broken kernel makes check exit non-zero (the loader is pointed at a copy with a bad file)."""
+def test_check_fails_on_a_compile_error(tmp_path, monkeypatch, capsys):
+    """A broken kernel makes check exit non-zero (the loader is pointed at a copy of the headers and
+    of one family, nibble.cu, with a bad line: check compiles the families it finds there)."""
     import shutil
 
     from kvlab.cuda import loader
 
     src = loader.kernels_dir()
     bad = tmp_path / "kernels_cu"
-    shutil.copytree(src, bad)
-    (bad / "nibble.cu").write_text((bad / "nibble.cu").read_text() + "\n__global__ void broken() { int x = ; }\n")
+    bad.mkdir()
+    for h in src.glob("*.cuh"):
+        shutil.copy(h, bad / h.name)
+    (bad / "nibble.cu").write_text((src / "nibble.cu").read_text() + "\n__global__ void broken() { int x = ; }\n")
     monkeypatch.setattr(loader, "kernels_dir", lambda: bad)
     from kvlab.cli_check import run_check
 
     assert run_check(("sm_90",), verbose=False) == 1
+    out = capsys.readouterr()
+    assert "nibble" in out.err and "COMPILE ERROR" in out.err
+    assert out.out.strip().splitlines()[-1].endswith("FAILED (1 families)")
 
 
 def test_demo_runs():

@@ -519,3 +519,58 @@ def test_decode_probe_builds(opts, ok, monkeypatch):
     so a session can run them; any other probe value is an #error, and so is naming the two
     query-prologue switches of session 11 together (one would be ignored: a mislabelled A/B)."""
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 128, __nv_bfloat16>", opts, ok)
+
+
+def test_offline_compile_cache(tmp_path, monkeypatch):
+    """compile_family_offline keeps a successful compile's reports on disk and answers the very same
+    input from there (marked ``cached``, same numbers); any change NVRTC would see — options, a
+    source edit — compiles afresh, ``use_cache=False`` / ``KVLAB_COMPILE_CACHE=0`` skip the read,
+    a damaged entry is recompiled, and a failed compile leaves nothing behind."""
+    import shutil
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("CUPY_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
+    monkeypatch.delenv("KVLAB_COMPILE_CACHE", raising=False)
+    first = loader.compile_family_offline("nibble", "sm_90")
+    assert first and not any(r.cached for r in first)
+    entries = sorted((tmp_path / "cache" / "kvlab_offline").glob("nibble-sm_90-*.json"))
+    assert len(entries) == 1
+    again = loader.compile_family_offline("nibble", "sm_90")
+    assert all(r.cached for r in again)
+    strip = lambda reps: sorted((r.name_expression, r.registers, r.spill_stores, r.spill_loads,  # noqa: E731
+                                 r.stack_frame, r.shared_bytes) for r in reps)
+    assert strip(again) == strip(first)
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_90", use_cache=False))
+    monkeypatch.setenv("KVLAB_COMPILE_CACHE", "0")
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))
+    monkeypatch.delenv("KVLAB_COMPILE_CACHE")
+    # another arch, another option: other inputs, compiled afresh (and kept beside the first)
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_80"))
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_CACHE_TEST_UNUSED_MACRO=1")
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))
+    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS")
+    assert len(list((tmp_path / "cache" / "kvlab_offline").glob("nibble-*.json"))) == 3
+    # a damaged entry: compiled again, and rewritten
+    entries[0].write_text("{not json")
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))
+    assert all(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))
+    # a source edit (a copy of the sources with one more line): a miss; a broken one: an error, no entry
+    src = loader.kernels_dir()
+    copy = tmp_path / "kernels_cu"
+    shutil.copytree(src, copy)
+    monkeypatch.setattr(loader, "kernels_dir", lambda: copy)
+    (copy / "nibble.cu").write_text((src / "nibble.cu").read_text() + "\n// an edit\n")
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))
+    n_before = len(list((tmp_path / "cache" / "kvlab_offline").glob("*.json")))
+    (copy / "nibble.cu").write_text((src / "nibble.cu").read_text() + "\n__global__ void broken() { int x = ; }\n")
+    with pytest.raises(compiler.CompileException):
+        loader.compile_family_offline("nibble", "sm_90")
+    assert len(list((tmp_path / "cache" / "kvlab_offline").glob("*.json"))) == n_before
+    # a header edit changes the source's header hash: a miss too
+    (copy / "nibble.cu").write_text((src / "nibble.cu").read_text())
+    loader.compile_family_offline("nibble", "sm_90")
+    assert all(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))
+    (copy / "common.cuh").write_text((src / "common.cuh").read_text() + "\n// a header edit\n")
+    assert not any(r.cached for r in loader.compile_family_offline("nibble", "sm_90"))

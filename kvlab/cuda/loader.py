@@ -9,7 +9,9 @@
 * Template instantiations form a closed list per family (:class:`KernelSpec`),
   compiled through ``name_expressions``; the module is cached per device.
 * :func:`compile_family_offline` drives NVRTC for an explicit ``sm_XX`` without a
-  GPU (CI, ``python -m kvlab check``) and reports registers and spills.
+  GPU (CI, ``python -m kvlab check``) and reports registers and spills; its reports are kept
+  on disk keyed on every input NVRTC sees, so the same build is compiled once (the check, then
+  the test suite), and any edit compiles afresh.
 * A family registered with a fixed ``arch`` (``register(..., arch="sm_90a")``: the wgmma
   prefill kernel, whose ``wgmma``/``setmaxnreg`` instructions exist only for the
   architecture-specific target) is not built through ``cupy.RawModule``, which always adds
@@ -287,6 +289,9 @@ _KERNELS: dict = {}
 # ---------------------------------------------------------------- offline compile (no GPU)
 @dataclass
 class CompileReport:
+    """ptxas's account of one compiled instantiation. ``cached``: read from the offline compile
+    cache (an earlier NVRTC run of the very same input, :func:`compile_family_offline`)."""
+
     family: str
     arch: str
     name_expression: str
@@ -295,6 +300,7 @@ class CompileReport:
     spill_loads: int
     stack_frame: int
     shared_bytes: int
+    cached: bool = False
 
 
 _PTXAS_FN = re.compile(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'")
@@ -302,13 +308,58 @@ _PTXAS_SPILL = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (
 _PTXAS_REGS = re.compile(r"Used (\d+) registers(?:.*?(\d+) bytes smem)?")
 
 
-def compile_family_offline(family: str, arch: str | None = None) -> list[CompileReport]:
+def compile_cache_enabled() -> bool:
+    """Whether :func:`compile_family_offline` may answer from its disk cache (``KVLAB_COMPILE_CACHE=0``
+    turns the reads off; results are still written)."""
+    return os.environ.get("KVLAB_COMPILE_CACHE", "1") != "0"
+
+
+@functools.cache
+def _include_fingerprint(dirs: tuple) -> str:
+    """Name, size and mtime of every file directly in the CUDA include folders: a header update
+    (a new cuda-toolkit wheel) changes the offline cache key even where NVRTC's version does not."""
+    h = hashlib.sha256()
+    for d in dirs:
+        try:
+            entries = sorted(os.scandir(d), key=lambda e: e.name)
+        except OSError:
+            continue
+        for e in entries:
+            if e.is_file():
+                st = e.stat()
+                h.update(f"{e.name}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return h.hexdigest()[:16]
+
+
+def _offline_cache_path(family: str, arch: str, source: str, opts: tuple, exprs: list) -> Path:
+    """Where the reports of one offline compile are kept: keyed on everything NVRTC sees — the
+    source (which carries the kvlab headers' hash, :func:`read_source`), the options (include
+    folders, ``KVLAB_NVRTC_OPTIONS``, arch), the instantiation list, NVRTC's version and the CUDA
+    include folders' files."""
+    from cupy.cuda import nvrtc
+
+    key = hashlib.sha256("\0".join([source, *opts, *exprs, str(nvrtc.getVersion()),
+                                     _include_fingerprint(tuple(cuda_include_dirs()))]).encode()).hexdigest()[:32]
+    base = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache")) / "kvlab_offline"
+    return base / f"{family}-{arch}-{key}.json"
+
+
+def compile_family_offline(family: str, arch: str | None = None, use_cache: bool | None = None) -> list[CompileReport]:
     """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
 
     ``arch`` defaults to the family's fixed arch (:func:`family_arch`) or ``"sm_90"``; a
     fixed-arch family asked for another arch raises ``ValueError``. Raises
     ``cupy.cuda.compiler.CompileException`` (with NVRTC's log) on errors.
+
+    The reports of a successful compile are kept on disk (``<CuPy cache>/kvlab_offline/``), keyed
+    on every input NVRTC sees (:func:`_offline_cache_path`); the same input again is answered
+    from there (reports marked ``cached``) unless ``use_cache`` is False (default: on unless
+    ``KVLAB_COMPILE_CACHE=0``; results are written either way). So ``kvlab check``
+    followed by the test suite (README's test command) compiles each build once, and any change
+    to a source, header, option or toolkit compiles afresh. Failed compiles are never cached.
     """
+    import json
+
     from cupy.cuda import compiler
 
     specs = _ensure_family(family)
@@ -318,11 +369,20 @@ def compile_family_offline(family: str, arch: str | None = None) -> list[Compile
     elif fixed is not None and arch != fixed:
         raise ValueError(f"arch: kernel family {family!r} builds for {fixed} only, got {arch!r}")
     exprs = [s.name_expression() for s in specs]
-    prog = compiler._NVRTCProgram(read_source(family), f"{family}.cu", name_expressions=exprs,
-                                  method="cubin")
-    log = io.StringIO()
+    source = read_source(family)
     # -ftz=true: CuPy adds it to every run-time compile, so the offline build matches
     opts = compile_options() + (f"-arch={arch}", "-ftz=true", "--ptxas-options=-v")
+    cache_path = _offline_cache_path(family, arch, source, opts, exprs)
+    if (compile_cache_enabled() if use_cache is None else use_cache) and cache_path.is_file():
+        try:
+            rows = json.loads(cache_path.read_text())
+            reports = [CompileReport(**{**r, "cached": True}) for r in rows]
+            if {r.name_expression for r in reports} == set(exprs):
+                return reports
+        except (OSError, ValueError, TypeError):   # unreadable or foreign: compile afresh
+            pass
+    prog = compiler._NVRTCProgram(source, f"{family}.cu", name_expressions=exprs, method="cubin")
+    log = io.StringIO()
     _, mapping = prog.compile(opts, log_stream=log)
     lowered_to_expr = {v: k for k, v in (mapping or {}).items()}
     reports, current = [], None
@@ -344,7 +404,16 @@ def compile_family_offline(family: str, arch: str | None = None) -> list[Compile
             if m.group(2):
                 current.shared_bytes = int(m.group(2))
     # keep only entry points we asked for (ptxas also reports device functions in some modes)
-    return [r for r in reports if r.name_expression in exprs]
+    reports = [r for r in reports if r.name_expression in exprs]
+    if {r.name_expression for r in reports} == set(exprs):   # complete: worth keeping
+        try:
+            cache_path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps([{k: v for k, v in vars(r).items() if k != "cached"} for r in reports]))
+            os.replace(tmp, cache_path)   # atomic: parallel test workers may write the same entry
+        except OSError:   # a read-only home: the compile's result stands, uncached
+            pass
+    return reports
 
 
 def all_families() -> list[str]:
