@@ -91,7 +91,8 @@ def run_check(archs=("sm_90", "sm_80"), verbose: bool = True, fresh: bool = Fals
     failures = 0
     total = 0
     print()
-    print(f"{'family':20s} {'arch':6s} {'instantiation':58s} {'regs':>5s} {'spill st/ld':>12s} {'stack':>6s}")
+    if verbose:
+        print(f"{'family':20s} {'arch':6s} {'instantiation':58s} {'regs':>5s} {'spill st/ld':>12s} {'stack':>6s}")
     for fam in loader.all_families():
         # a fixed-arch family (the wgmma prefill kernel: sm_90a) compiles for its arch only
         for arch in loader.family_archs(fam, archs):
