@@ -11,7 +11,6 @@ Prints one line per entry function the log names (parsed as the loader does) and
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import re
 from pathlib import Path
@@ -27,19 +26,13 @@ def main(argv=None) -> int:
     if not re.fullmatch(r"sm_\d{2,3}a?", args.arch):
         ap.error(f"arch: expected sm_<NN> or sm_<NN>a, got {args.arch!r}")
     os.environ["KVLAB_NVRTC_OPTIONS"] = args.options
-    from cupy.cuda import compiler, nvrtc
+    from cupy.cuda import nvrtc
 
     from kvlab.cuda import attention  # noqa: F401  (registers the attention families)
     from kvlab.cuda import loader
 
-    specs = loader._ensure_family(args.family)
-    exprs = [s.name_expression() for s in specs]
-    opts = loader.compile_options() + (f"-arch={args.arch}", "-ftz=true", "--ptxas-options=-v")
-    prog = compiler._NVRTCProgram(loader.read_source(args.family), f"{args.family}.cu", name_expressions=exprs,
-                                  method="cubin")
-    log = io.StringIO()
-    _, mapping = prog.compile(opts, log_stream=log)
-    text = log.getvalue()
+    source, opts, exprs = loader.offline_build(args.family, args.arch)
+    text, mapping = loader._nvrtc_log(args.family, source, opts, exprs)
     tag = re.sub(r"[^A-Za-z0-9_=]+", "_", args.options.replace("-D", "")).strip("_") or "default"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

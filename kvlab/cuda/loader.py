@@ -344,6 +344,38 @@ def _offline_cache_path(family: str, arch: str, source: str, opts: tuple, exprs:
     return base / f"{family}-{arch}-{key}.json"
 
 
+def _nvrtc_log(family: str, source: str, opts: tuple, exprs: list) -> tuple[str, dict]:
+    """NVRTC -> cubin of ``exprs`` with ``opts``: (the program log — ptxas's ``-v`` report when the
+    options ask for it —, name expression -> lowered name). Raises ``CompileException``."""
+    from cupy.cuda import compiler
+
+    prog = compiler._NVRTCProgram(source, f"{family}.cu", name_expressions=exprs, method="cubin")
+    log = io.StringIO()
+    _, mapping = prog.compile(opts, log_stream=log)
+    return log.getvalue(), mapping or {}
+
+
+def _offline_arch(family: str, arch: str | None) -> str:
+    """``arch``, or the family's fixed arch (:func:`family_arch`), or ``"sm_90"``; ValueError for a
+    fixed-arch family asked for another arch."""
+    fixed = FAMILY_ARCH.get(family)
+    if arch is None:
+        return fixed or "sm_90"
+    if fixed is not None and arch != fixed:
+        raise ValueError(f"arch: kernel family {family!r} builds for {fixed} only, got {arch!r}")
+    return arch
+
+
+def offline_build(family: str, arch: str | None = None) -> tuple[str, tuple, list]:
+    """(source, NVRTC options, name expressions) of :func:`compile_family_offline`'s build of
+    ``family`` for ``arch`` (same defaults and errors), ``KVLAB_NVRTC_OPTIONS`` included."""
+    specs = _ensure_family(family)
+    arch = _offline_arch(family, arch)
+    # -ftz=true: CuPy adds it to every run-time compile, so the offline build matches
+    opts = compile_options() + (f"-arch={arch}", "-ftz=true", "--ptxas-options=-v")
+    return read_source(family), opts, [s.name_expression() for s in specs]
+
+
 def compile_family_offline(family: str, arch: str | None = None, use_cache: bool | None = None) -> list[CompileReport]:
     """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
 
@@ -360,18 +392,9 @@ def compile_family_offline(family: str, arch: str | None = None, use_cache: bool
     """
     import json
 
-    from cupy.cuda import compiler
-
-    specs = _ensure_family(family)
-    fixed = FAMILY_ARCH.get(family)
-    if arch is None:
-        arch = fixed or "sm_90"
-    elif fixed is not None and arch != fixed:
-        raise ValueError(f"arch: kernel family {family!r} builds for {fixed} only, got {arch!r}")
-    exprs = [s.name_expression() for s in specs]
-    source = read_source(family)
-    # -ftz=true: CuPy adds it to every run-time compile, so the offline build matches
-    opts = compile_options() + (f"-arch={arch}", "-ftz=true", "--ptxas-options=-v")
+    _ensure_family(family)   # registers FAMILY_ARCH for a family not imported yet
+    arch = _offline_arch(family, arch)
+    source, opts, exprs = offline_build(family, arch)
     cache_path = _offline_cache_path(family, arch, source, opts, exprs)
     if (compile_cache_enabled() if use_cache is None else use_cache) and cache_path.is_file():
         try:
@@ -381,12 +404,10 @@ def compile_family_offline(family: str, arch: str | None = None, use_cache: bool
                 return reports
         except (OSError, ValueError, TypeError):   # unreadable or foreign: compile afresh
             pass
-    prog = compiler._NVRTCProgram(source, f"{family}.cu", name_expressions=exprs, method="cubin")
-    log = io.StringIO()
-    _, mapping = prog.compile(opts, log_stream=log)
+    text, mapping = _nvrtc_log(family, source, opts, exprs)
     lowered_to_expr = {v: k for k, v in (mapping or {}).items()}
     reports, current = [], None
-    for line in log.getvalue().splitlines():
+    for line in text.splitlines():
         m = _PTXAS_FN.search(line)
         if m:
             current = CompileReport(family, m.group(2), lowered_to_expr.get(m.group(1), m.group(1)),
