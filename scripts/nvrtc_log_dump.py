@@ -5,7 +5,7 @@
 What ``kvlab.cuda.loader.compile_family_offline`` parses into registers and spills, unparsed:
 for checking that parse against another NVRTC (the lent H200 host's CuPy brings NVRTC 13.0, the
 pip toolkit here 13.5) — an entry the parse missed, a spill it attributed to the wrong kernel.
-Prints one line per entry function the log names (parsed as the loader does) and writes
+Prints the loader's parse of that same log, one line per instantiation, and writes
 ``DIR/<family>-<arch>-<options>.log`` with the log and the map. No GPU needed.
 """
 from __future__ import annotations
@@ -31,20 +31,20 @@ def main(argv=None) -> int:
     from kvlab.cuda import attention  # noqa: F401  (registers the attention families)
     from kvlab.cuda import loader
 
-    source, opts, exprs = loader.offline_build(args.family, args.arch)
+    _, source, opts, exprs = loader.offline_build(args.family, args.arch)
     text, mapping = loader._nvrtc_log(args.family, source, opts, exprs)
     tag = re.sub(r"[^A-Za-z0-9_=]+", "_", args.options.replace("-D", "")).strip("_") or "default"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{args.family}-{args.arch}-{tag}.log"
     path.write_text(f"NVRTC {nvrtc.getVersion()} options {opts}\n\n{text}\n\nLOWERED NAMES\n"
-                    + "\n".join(f"{k} -> {v}" for k, v in (mapping or {}).items()) + "\n")
+                    + "\n".join(f"{k} -> {v}" for k, v in mapping.items()) + "\n")
     entries = re.findall(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'", text)
-    lowered = set((mapping or {}).values())
+    lowered = set(mapping.values())
     print(f"NVRTC {nvrtc.getVersion()}: {len(text)} characters of log, {len(entries)} entry functions named "
           f"({sum(e in lowered for e, _ in entries)} of the {len(exprs)} instantiations), "
           f"{text.count('spill')} 'spill' mentions -> {path}")
-    reports = loader.compile_family_offline(args.family, args.arch, use_cache=False)
+    reports = loader.parse_ptxas_log(args.family, text, mapping, exprs)   # the loader's parse of this very log
     for r in sorted(reports, key=lambda r: r.name_expression):
         flag = "  <-- spills" if (r.spill_stores or r.spill_loads or r.stack_frame) else ""
         print(f"  {r.name_expression:58s} {r.registers:4d} regs  {r.spill_stores}/{r.spill_loads} spill  "

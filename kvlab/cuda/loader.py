@@ -219,6 +219,12 @@ def _check_device_arch(family: str, arch: str, device_id: int) -> None:
                            f"{cc // 10}.{cc % 10}")
 
 
+def _cache_base() -> Path:
+    """CuPy's kernel cache folder (``CUPY_CACHE_DIR``, else ``~/.cupy/kernel_cache``): the loader's
+    own caches (fixed-arch cubins, offline compile reports) live in subfolders of it."""
+    return Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache"))
+
+
 def _arch_module(family: str, arch: str, device_id: int, exprs: list):
     """NVRTC -> cubin for ``arch`` (disk-cached), loaded with ``cupy.RawModule(path=...)``."""
     import json
@@ -231,7 +237,7 @@ def _arch_module(family: str, arch: str, device_id: int, exprs: list):
     opts = compile_options() + (f"-arch={arch}", "-ftz=true")  # -ftz=true as CuPy's own compiles
     key = hashlib.sha256("\0".join([source, *opts, *sorted(exprs), str(nvrtc.getVersion()),
                                      cupy.__version__]).encode()).hexdigest()[:32]
-    cache_dir = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache")) / "kvlab_arch"
+    cache_dir = _cache_base() / "kvlab_arch"
     cubin_path, map_path = cache_dir / f"{family}-{arch}-{key}.cubin", cache_dir / f"{family}-{arch}-{key}.json"
     if not (cubin_path.is_file() and map_path.is_file()):
         prog = compiler._NVRTCProgram(source, f"{family}.cu", name_expressions=exprs, method="cubin")
@@ -340,8 +346,7 @@ def _offline_cache_path(family: str, arch: str, source: str, opts: tuple, exprs:
 
     key = hashlib.sha256("\0".join([source, *opts, *exprs, str(nvrtc.getVersion()),
                                      _include_fingerprint(tuple(cuda_include_dirs()))]).encode()).hexdigest()[:32]
-    base = Path(os.environ.get("CUPY_CACHE_DIR", Path.home() / ".cupy" / "kernel_cache")) / "kvlab_offline"
-    return base / f"{family}-{arch}-{key}.json"
+    return _cache_base() / "kvlab_offline" / f"{family}-{arch}-{key}.json"
 
 
 def _nvrtc_log(family: str, source: str, opts: tuple, exprs: list) -> tuple[str, dict]:
@@ -366,46 +371,20 @@ def _offline_arch(family: str, arch: str | None) -> str:
     return arch
 
 
-def offline_build(family: str, arch: str | None = None) -> tuple[str, tuple, list]:
-    """(source, NVRTC options, name expressions) of :func:`compile_family_offline`'s build of
-    ``family`` for ``arch`` (same defaults and errors), ``KVLAB_NVRTC_OPTIONS`` included."""
+def offline_build(family: str, arch: str | None = None) -> tuple[str, str, tuple, list]:
+    """(arch, source, NVRTC options, name expressions) of :func:`compile_family_offline`'s build
+    of ``family`` (same arch defaults and errors), ``KVLAB_NVRTC_OPTIONS`` included."""
     specs = _ensure_family(family)
     arch = _offline_arch(family, arch)
     # -ftz=true: CuPy adds it to every run-time compile, so the offline build matches
     opts = compile_options() + (f"-arch={arch}", "-ftz=true", "--ptxas-options=-v")
-    return read_source(family), opts, [s.name_expression() for s in specs]
+    return arch, read_source(family), opts, [s.name_expression() for s in specs]
 
 
-def compile_family_offline(family: str, arch: str | None = None, use_cache: bool | None = None) -> list[CompileReport]:
-    """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
-
-    ``arch`` defaults to the family's fixed arch (:func:`family_arch`) or ``"sm_90"``; a
-    fixed-arch family asked for another arch raises ``ValueError``. Raises
-    ``cupy.cuda.compiler.CompileException`` (with NVRTC's log) on errors.
-
-    The reports of a successful compile are kept on disk (``<CuPy cache>/kvlab_offline/``), keyed
-    on every input NVRTC sees (:func:`_offline_cache_path`); the same input again is answered
-    from there (reports marked ``cached``) unless ``use_cache`` is False (default: on unless
-    ``KVLAB_COMPILE_CACHE=0``; results are written either way). So ``kvlab check``
-    followed by the test suite (README's test command) compiles each build once, and any change
-    to a source, header, option or toolkit compiles afresh. Failed compiles are never cached.
-    """
-    import json
-
-    _ensure_family(family)   # registers FAMILY_ARCH for a family not imported yet
-    arch = _offline_arch(family, arch)
-    source, opts, exprs = offline_build(family, arch)
-    cache_path = _offline_cache_path(family, arch, source, opts, exprs)
-    if (compile_cache_enabled() if use_cache is None else use_cache) and cache_path.is_file():
-        try:
-            rows = json.loads(cache_path.read_text())
-            reports = [CompileReport(**{**r, "cached": True}) for r in rows]
-            if {r.name_expression for r in reports} == set(exprs):
-                return reports
-        except (OSError, ValueError, TypeError):   # unreadable or foreign: compile afresh
-            pass
-    text, mapping = _nvrtc_log(family, source, opts, exprs)
-    lowered_to_expr = {v: k for k, v in (mapping or {}).items()}
+def parse_ptxas_log(family: str, text: str, mapping: dict, exprs: list) -> list[CompileReport]:
+    """The reports of the entry functions named in a ptxas ``-v`` log (NVRTC's program log) that
+    are in ``exprs`` (lowered names mapped back through ``mapping``)."""
+    lowered_to_expr = {v: k for k, v in mapping.items()}
     reports, current = [], None
     for line in text.splitlines():
         m = _PTXAS_FN.search(line)
@@ -425,7 +404,37 @@ def compile_family_offline(family: str, arch: str | None = None, use_cache: bool
             if m.group(2):
                 current.shared_bytes = int(m.group(2))
     # keep only entry points we asked for (ptxas also reports device functions in some modes)
-    reports = [r for r in reports if r.name_expression in exprs]
+    return [r for r in reports if r.name_expression in exprs]
+
+
+def compile_family_offline(family: str, arch: str | None = None, use_cache: bool | None = None) -> list[CompileReport]:
+    """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
+
+    ``arch`` defaults to the family's fixed arch (:func:`family_arch`) or ``"sm_90"``; a
+    fixed-arch family asked for another arch raises ``ValueError``. Raises
+    ``cupy.cuda.compiler.CompileException`` (with NVRTC's log) on errors.
+
+    The reports of a successful compile are kept on disk (``<CuPy cache>/kvlab_offline/``), keyed
+    on every input NVRTC sees (:func:`_offline_cache_path`); the same input again is answered
+    from there (reports marked ``cached``) unless ``use_cache`` is False (default: on unless
+    ``KVLAB_COMPILE_CACHE=0``; results are written either way). So ``kvlab check``
+    followed by the test suite (README's test command) compiles each build once, and any change
+    to a source, header, option or toolkit compiles afresh. Failed compiles are never cached.
+    """
+    import json
+
+    arch, source, opts, exprs = offline_build(family, arch)
+    cache_path = _offline_cache_path(family, arch, source, opts, exprs)
+    if (compile_cache_enabled() if use_cache is None else use_cache) and cache_path.is_file():
+        try:
+            rows = json.loads(cache_path.read_text())
+            reports = [CompileReport(**{**r, "cached": True}) for r in rows]
+            if {r.name_expression for r in reports} == set(exprs):
+                return reports
+        except (OSError, ValueError, TypeError):   # unreadable or foreign: compile afresh
+            pass
+    text, mapping = _nvrtc_log(family, source, opts, exprs)
+    reports = parse_ptxas_log(family, text, mapping, exprs)
     if {r.name_expression for r in reports} == set(exprs):   # complete: worth keeping
         try:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
