@@ -5,11 +5,11 @@
 #
 #   WARM=';-DKVLAB_WGMMA_WS_STAGES=2|paged_prefill_wgmma reshape_and_cache'
 #                                      option strings, each optionally followed by |families (else
-#                                      every family): compiled once per string, one process per
-#                                      (string, family), all in parallel
+#                                      every family) and |environment assignments: compiled once per
+#                                      entry, one process per (entry, family), all in parallel
 #   TESTS='s2|-DKVLAB_WGMMA_WS_STAGES=2|tests/gpu/test_prefill_gpu.py -k "wgmma or agree";lean|-DX|-m gpu tests/gpu/a.py'
-#                                      name|options|pytest arguments (shell words, eval'd): all run
-#                                      in parallel, each cut at T_TESTS s
+#                                      name|options|pytest arguments (shell words, eval'd)[|environment
+#                                      assignments]: all run in parallel, each cut at T_TESTS s
 #   BENCH='pf_base||prefill --quick;pf_s3|-DKVLAB_WGMMA_WS_STAGES=3|prefill --quick|KVLAB_BENCH_PREFILL_VARIANTS=wgmma'
 #                                      name|options|bench arguments[|environment assignments]: one
 #                                      after another, alone on the GPU, each cut to T_BENCH s and
@@ -28,6 +28,10 @@
 #                                      shell commands run alone on the GPU after the warm-up and
 #                                      before TESTS/SANITIZE (bash -c, cut at T_PRE s), output in pre.log
 #   DEADLINE=570                       seconds after start at which nothing new is started
+#   .nvrtc/NAME.tar.xz                 another NVRTC (scripts/pack_nvrtc.sh): unpacked to /tmp/NAME,
+#                                      and $NAME in upper case (e.g. $NVRTC135) holds the environment
+#                                      assignments that load it, for an entry's environment field
+#                                      (write it as \$NVRTC135 or inside single quotes: it is eval'd here)
 # Everything lands in $OUT/ab.tgz (the device tool brings back only a few files) plus summary.txt.
 set -uo pipefail
 FINAL_OUT=${OUT:-/tmp/kvlab_ab_out}
@@ -40,17 +44,27 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+for a in .nvrtc/*.tar.xz; do
+  [ -f "$a" ] || continue
+  n=$(basename "$a" .tar.xz)
+  tar -xJf "$a" -C /tmp && [ -f "/tmp/$n/libnvrtc.so.13" ] || { echo "$a: not an NVRTC archive"; continue; }
+  export "${n^^}=LD_PRELOAD=/tmp/$n/libnvrtc.so.13 LD_LIBRARY_PATH=/tmp/$n"
+  echo "\$${n^^}: NVRTC $(env LD_PRELOAD=/tmp/$n/libnvrtc.so.13 LD_LIBRARY_PATH=/tmp/$n python3 -c \
+    "from cupy.cuda import nvrtc; print('%d.%d' % nvrtc.getVersion())" 2>&1 | tail -1) (default: $(python3 -c \
+    "from cupy.cuda import nvrtc; print('%d.%d' % nvrtc.getVersion())" 2>&1 | tail -1))"
+done
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true
 if [ -n "${WARM:-}" ]; then
   fams=$(python3 -c "from kvlab.cuda import loader; print(' '.join(loader.all_families()))")
   IFS=';' read -r -a wopts <<< "$WARM"
   for o in "${wopts[@]}"; do
-    of=$fams; case "$o" in *"|"*) of=${o#*|}; o=${o%%|*};; esac
-    for f in $of; do printf '%s\t%s\n' "$o" "$f"; done
+    of=$fams; wenv=""
+    case "$o" in *"|"*) IFS='|' read -r o of wenv <<< "$o";; esac   # 'opts|' alone: no family
+    for f in $of; do printf '%s\t%s\t%s\n' "$o" "$f" "$wenv"; done
   done \
     | xargs -P "${WARM_JOBS:-16}" -d '\n' -I{} bash -c \
-      'o=$(cut -f1 <<< "{}"); f=$(cut -f2 <<< "{}"); KVLAB_NVRTC_OPTIONS="$o" timeout '"${T_WARM:-300}"' python3 scripts/warm_kernels.py "$f" 2>&1 | tail -1' \
+      'o=$(cut -f1 <<< "{}"); f=$(cut -f2 <<< "{}"); e=$(cut -f3 <<< "{}"); eval "env $e KVLAB_NVRTC_OPTIONS=\"\$o\" timeout '"${T_WARM:-300}"' python3 scripts/warm_kernels.py \"\$f\"" 2>&1 | tail -1' \
     > "$OUT/warm.log" 2>&1
   echo "warm done [$(el) s]: $(grep -c '^warm .* s$' "$OUT/warm.log") compiled, slowest: $(grep -o '[0-9]* s$' "$OUT/warm.log" | sort -n | tail -1)"
 fi
@@ -67,9 +81,9 @@ fi
 if [ -n "${TESTS:-}" ]; then
   IFS=';' read -r -a tests <<< "$TESTS"
   for t in "${tests[@]}"; do
-    IFS='|' read -r name opts args <<< "$t"
+    IFS='|' read -r name opts args tenv <<< "$t"
     # shellcheck disable=SC2086
-    ( eval "KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout ${T_TESTS:-300} python3 -m pytest -q -p no:cacheprovider -rfE $args" \
+    ( eval "env ${tenv:-} KVLAB_NVRTC_OPTIONS=\"\$opts\" timeout ${T_TESTS:-300} python3 -m pytest -q -p no:cacheprovider -rfE $args" \
         > "$OUT/pytest_$name.log" 2>&1; echo "rc=$?" >> "$OUT/pytest_$name.log" ) &
     pids+=($!)
   done

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Pack this checkout's pip NVRTC (the version README's install gives users; CI's) for the lent GPU
+# host, whose python3 has an older NVRTC (13.0 in sessions 24-26). CuPy compiles every kernel at run
+# time with whatever NVRTC it loads, so the host otherwise measures binaries that users do not get.
+#
+#   bash scripts/pack_nvrtc.sh            -> .nvrtc/nvrtc<MAJOR><MINOR>.tar.xz (~41 MB for 13.5)
+#
+# The archive (git-ignored) travels with `carry [".nvrtc", ...]` (64 MiB in all, so beside `.whl/`
+# it fits, beside a model part it does not). scripts/gpu_ab.sh unpacks every `.nvrtc/NAME.tar.xz`
+# to /tmp/NAME and exports NAME in upper case (e.g. NVRTC135) as the environment assignments that
+# load it: LD_PRELOAD of its libnvrtc.so.13 (CuPy's loader takes a library already in the process,
+# so the preloaded one wins over the host's) and LD_LIBRARY_PATH for its libnvrtc-builtins.
+# Use it in a WARM / TESTS / BENCH entry's environment field, e.g. BENCH='d135||decode|$NVRTC135';
+# the bench header's `nvrtc` line then reads 13.5.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+py=${PYTHON:-.venv/bin/python}
+lib=$("$py" -c "import nvidia, pathlib; print(next(p for p in pathlib.Path(nvidia.__path__[0]).glob('cu*/lib') if any(p.glob('libnvrtc.so*'))))")
+ver=$("$py" -c "from cupy.cuda import nvrtc; print('%d%d' % nvrtc.getVersion())")
+name=nvrtc$ver
+tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+mkdir "$tmp/$name"
+cp "$lib"/libnvrtc.so.* "$lib"/libnvrtc-builtins.so.* "$tmp/$name/"
+mkdir -p .nvrtc
+tar -cJf ".nvrtc/$name.tar.xz" -C "$tmp" "$name"
+echo ".nvrtc/$name.tar.xz: $(du -h ".nvrtc/$name.tar.xz" | cut -f1) ($(ls "$tmp/$name" | tr '\n' ' '))"
