@@ -28,8 +28,8 @@
 #                                      shell commands run alone on the GPU after the warm-up and
 #                                      before TESTS/SANITIZE (bash -c, cut at T_PRE s), output in pre.log
 #   DEADLINE=570                       seconds after start at which nothing new is started
-#   .nvrtc/NAME.tar.xz                 another NVRTC (scripts/pack_nvrtc.sh): unpacked to /tmp/NAME,
-#                                      and $NAME in upper case (e.g. $NVRTC135) holds the environment
+#   .nvrtc/NAME.tar.xz                 another NVRTC (scripts/pack_nvrtc.sh, scripts/nvrtc_env.sh):
+#                                      $NAME in upper case (e.g. $NVRTC135) holds the environment
 #                                      assignments that load it, for an entry's environment field
 #                                      (write it as \$NVRTC135 or inside single quotes: it is eval'd here)
 # Everything lands in $OUT/ab.tgz (the device tool brings back only a few files) plus summary.txt.
@@ -44,15 +44,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-for a in .nvrtc/*.tar.xz; do
-  [ -f "$a" ] || continue
-  n=$(basename "$a" .tar.xz)
-  tar -xJf "$a" -C /tmp && [ -f "/tmp/$n/libnvrtc.so.13" ] || { echo "$a: not an NVRTC archive"; continue; }
-  export "${n^^}=LD_PRELOAD=/tmp/$n/libnvrtc.so.13 LD_LIBRARY_PATH=/tmp/$n"
-  echo "\$${n^^}: NVRTC $(env LD_PRELOAD=/tmp/$n/libnvrtc.so.13 LD_LIBRARY_PATH=/tmp/$n python3 -c \
-    "from cupy.cuda import nvrtc; print('%d.%d' % nvrtc.getVersion())" 2>&1 | tail -1) (default: $(python3 -c \
-    "from cupy.cuda import nvrtc; print('%d.%d' % nvrtc.getVersion())" 2>&1 | tail -1))"
-done
+source scripts/nvrtc_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true
 if [ -n "${WARM:-}" ]; then

@@ -15,6 +15,7 @@
 #   NCU_ARGS="..."   extra Nsight Compute options for PROFILE / PROFILE_WRITE (the stall-reason
 #                    breakdown was missing from session 3's --set full text; to try:
 #                    NCU_ARGS="--print-details all", not yet verified on the device's ncu)
+#   NVRTC=host ...   build with the host's NVRTC even where .nvrtc/ brings another (scripts/pack_nvrtc.sh)
 #   PROFILE_WRITE=1 ...   Nsight Compute over one write launch per format (profile_write.py;
 #                    PROFILE_WRITE_FORMATS="fp8_per_token_head int8_per_token_head" to pick)
 #
@@ -34,6 +35,12 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+# the NVRTC users get (README's pip cuda-toolkit), where .nvrtc/ brings one: every step builds
+# with the newest archive's, unless NVRTC=host (docs/gpu-machine.md, "Lessons of session 26")
+source scripts/nvrtc_env.sh
+if [ -n "$NVRTC_ENVS" ] && [ "${NVRTC:-}" != host ]; then
+  _last=${NVRTC_ENVS##* }; export ${!_last}; echo "this run builds with \$$_last"
+fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader \
   | tee "$OUT/gpu.txt"
 git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null || true

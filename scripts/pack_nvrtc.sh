@@ -5,13 +5,13 @@
 #
 #   bash scripts/pack_nvrtc.sh            -> .nvrtc/nvrtc<MAJOR><MINOR>.tar.xz (~41 MB for 13.5)
 #
-# The archive (git-ignored) travels with `carry [".nvrtc", ...]` (64 MiB in all, so beside `.whl/`
-# it fits, beside a model part it does not). scripts/gpu_ab.sh unpacks every `.nvrtc/NAME.tar.xz`
-# to /tmp/NAME and exports NAME in upper case (e.g. NVRTC135) as the environment assignments that
-# load it: LD_PRELOAD of its libnvrtc.so.13 (CuPy's loader takes a library already in the process,
-# so the preloaded one wins over the host's) and LD_LIBRARY_PATH for its libnvrtc-builtins.
-# Use it in a WARM / TESTS / BENCH entry's environment field, e.g. BENCH='d135||decode|$NVRTC135';
-# the bench header's `nvrtc` line then reads 13.5.
+# The archive (git-ignored) travels with `carry [".nvrtc", ".whl"]`. The carry holds 64 MiB in all,
+# the tracked tree included (~14 MB): the archive fits beside the test wheels (hypothesis,
+# pytest-xdist, execnet, attrs, sortedcontainers), not beside the Jupyter wheels or a model part.
+# On the machine, scripts/nvrtc_env.sh unpacks it and exports NVRTC<ver> (e.g. NVRTC135) as the
+# environment assignments that load it. scripts/gpu_run.sh then builds everything with it
+# (NVRTC=host opts out); scripts/gpu_ab.sh uses it per entry, e.g. BENCH='d135||decode|$NVRTC135'.
+# The bench header's `nvrtc` line says which NVRTC built the kernels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 py=${PYTHON:-.venv/bin/python}
