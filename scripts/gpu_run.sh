@@ -35,7 +35,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     --target /tmp/site .whl/*.whl >/dev/null 2>&1 && export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
-# the NVRTC users get (README's pip cuda-toolkit), where .nvrtc/ brings one: every step builds
+# README's pip NVRTC (what its install resolves alone), where .nvrtc/ brings one: every step builds
 # with the newest archive's, unless NVRTC=host (docs/gpu-machine.md, "Lessons of session 26")
 source scripts/nvrtc_env.sh
 if [ -n "$NVRTC_ENVS" ] && [ "${NVRTC:-}" != host ]; then

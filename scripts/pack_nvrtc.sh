@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Pack this checkout's pip NVRTC (the version README's install gives users; CI's) for the lent GPU
-# host, whose python3 has an older NVRTC (13.0 in sessions 24-26). CuPy compiles every kernel at run
-# time with whatever NVRTC it loads, so the host otherwise measures binaries that users do not get.
+# Pack this checkout's pip NVRTC (what README's install resolves alone; CI's) for the lent GPU host,
+# whose python3 has the NVRTC that torch's cu130 wheels pin (13.0 in sessions 24-26). CuPy compiles
+# every kernel at run time with whatever NVRTC it loads, so without this the host measures only the
+# 13.0 builds.
 #
 #   bash scripts/pack_nvrtc.sh            -> .nvrtc/nvrtc<MAJOR><MINOR>.tar.xz (~41 MB for 13.5)
 #
