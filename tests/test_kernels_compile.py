@@ -21,6 +21,73 @@ pytest.importorskip("cupy")
 #: families whose every instantiation must compile without spills
 NO_SPILL_FAMILIES = ("hadamard", "reshape_and_cache", "dequantize_cache", "nibble")
 
+#: The register bounds are tuned with NVRTC 13.5 (README's install resolves it when nothing pins
+#: NVRTC), and under it nothing below spills. NVRTC 13.0 — the lent H200 host's, and what pip picks
+#: beside torch's cu130 wheels, which pin it — spills in these, and only these (measured under
+#: 13.0.88, docs/gpu-machine.md "Lessons of session 25"): (family, arch, name-expression prefix,
+#: switch builds only) -> the most spill bytes (stores or loads) allowed. On the H200 / H100
+#: (docs/perf-notes.md "Session 26") the int4 write built by 13.0 is 0.8 % slower than 13.5's
+#: spill-free one and 2.2 % faster than a spill-free 13.0 build at 2 blocks per SM, so its bound
+#: stays; nvfp4's dual-ring decode at d = 128 is not what the default plan launches (two CTAs per
+#: SM); the wgmma rows are A/B switch builds (the default build does not spill under 13.0). Any
+#: other spill, or a larger one, fails under every NVRTC.
+OLDER_NVRTC_SPILLS = {
+    ("reshape_and_cache", "sm_90", "reshape_and_cache<3, ", False): 44,   # int4 write, 80 registers
+    ("paged_attention", "sm_90", "paged_attention_decode_paged<4, 128, ", False): 32,   # nvfp4 dual ring
+    ("paged_prefill_wgmma", "sm_90a", "paged_attention_prefill_wgmma<", True): 56,
+}
+#: the first NVRTC whose ptxas needs no allowance
+TUNED_NVRTC = (13, 5)
+
+
+def spill_allowance(family: str, arch: str, name_expression: str, options: str,
+                    nvrtc_version: tuple | None = None) -> int:
+    """Spill bytes an instantiation may have: 0, or OLDER_NVRTC_SPILLS' bound under an NVRTC older
+    than TUNED_NVRTC (``nvrtc_version`` defaults to the loaded NVRTC's)."""
+    if nvrtc_version is None:
+        from cupy.cuda import nvrtc
+
+        nvrtc_version = tuple(nvrtc.getVersion())
+    if tuple(nvrtc_version) >= TUNED_NVRTC:
+        return 0
+    for (fam, a, prefix, switch_only), most in OLDER_NVRTC_SPILLS.items():
+        if (fam, a) == (family, arch) and name_expression.startswith(prefix) and (options.strip() or not switch_only):
+            return most
+    return 0
+
+
+def spills_beyond_allowance(reports, family: str, arch: str, options: str = "") -> list:
+    """(name, registers, spill stores, spill loads, stack) of every report that spills (or has a
+    stack frame) more than :func:`spill_allowance` lets it."""
+    return [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
+            if max(r.spill_stores, r.spill_loads, r.stack_frame)
+            > spill_allowance(family, arch, r.name_expression, options)]
+
+
+def test_spill_allowance_is_only_for_older_nvrtc():
+    """The allowance needs NVRTC < 13.5, the named kernels, and (for the wgmma prefill) a switch
+    build; everything else gets none."""
+    int4_write = "reshape_and_cache<3, 128, __half, false>"
+    assert spill_allowance("reshape_and_cache", "sm_90", int4_write, "", (13, 0)) == 44
+    assert spill_allowance("reshape_and_cache", "sm_90", int4_write, "", (13, 5)) == 0
+    assert spill_allowance("reshape_and_cache", "sm_90", int4_write, "", (14, 0)) == 0
+    assert spill_allowance("reshape_and_cache", "sm_80", int4_write, "", (13, 0)) == 0
+    assert spill_allowance("reshape_and_cache", "sm_90", "reshape_and_cache<2, 128, __half, false>", "", (13, 0)) == 0
+    assert spill_allowance("paged_attention", "sm_90", "paged_attention_decode_paged<4, 128, __half, 2>", "", (13, 0)) == 32
+    assert spill_allowance("paged_attention", "sm_90", "paged_attention_decode_paged<3, 128, __half, 2>", "", (13, 0)) == 0
+    wg = "paged_attention_prefill_wgmma<3, 128, __half>"
+    assert spill_allowance("paged_prefill_wgmma", "sm_90a", wg, "", (13, 0)) == 0   # the default build
+    assert spill_allowance("paged_prefill_wgmma", "sm_90a", wg, "-DKVLAB_WGMMA_ROWGROUP", (13, 0)) == 56
+    assert spill_allowance("paged_prefill_wgmma", "sm_90a", wg, "-DKVLAB_WGMMA_ROWGROUP", (13, 5)) == 0
+    # and the filter: a report within its allowance passes, one byte more fails, a stack frame counts
+    from cupy.cuda import nvrtc
+
+    rep = loader.CompileReport("reshape_and_cache", "sm_90", int4_write, 80, 44, 40, 40, 0)
+    if tuple(nvrtc.getVersion()) < TUNED_NVRTC:
+        assert spills_beyond_allowance([rep], "reshape_and_cache", "sm_90") == []
+        rep.spill_loads = 45
+    assert spills_beyond_allowance([rep], "reshape_and_cache", "sm_90") != []
+
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 @pytest.mark.parametrize("family", ["hadamard", "reshape_and_cache", "dequantize_cache"])
@@ -29,7 +96,7 @@ def test_family_compiles(family, arch):
     specs = loader.FAMILIES[family]
     assert {r.name_expression for r in reports} == {s.name_expression() for s in specs}
     if family in NO_SPILL_FAMILIES:
-        spills = [r.name_expression for r in reports if r.spill_stores or r.spill_loads]
+        spills = spills_beyond_allowance(reports, family, arch)
         assert not spills, f"{family} spills on {arch}: {spills}"
 
 
@@ -142,8 +209,8 @@ def test_wgmma_prefill_compiles_without_spills(monkeypatch, options):
     reports = loader.compile_family_offline("paged_prefill_wgmma")
     specs = loader.FAMILIES["paged_prefill_wgmma"]
     assert {r.name_expression for r in reports} == {s.name_expression() for s in specs}
-    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
-           if r.spill_stores or r.spill_loads or r.stack_frame or r.registers != 168]
+    bad = spills_beyond_allowance(reports, "paged_prefill_wgmma", "sm_90a", options)
+    bad += [(r.name_expression, r.registers) for r in reports if r.registers != 168]
     assert not bad, f"paged_prefill_wgmma {options}: {bad}"
 
 
@@ -395,8 +462,7 @@ def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("reshape_and_cache", arch)
     assert len(reports) == len(loader.FAMILIES["reshape_and_cache"])
-    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
-           if r.spill_stores or r.spill_loads or r.stack_frame]
+    bad = spills_beyond_allowance(reports, "reshape_and_cache", arch, opts)
     assert not bad, f"spills with {opts!r} on {arch}: {bad}"
     if arch == "sm_90":
         regs = {r.name_expression: r.registers for r in reports}
@@ -486,8 +552,7 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     reports = loader.compile_family_offline("paged_attention", arch)
     assert len(reports) == len(loader.FAMILIES["paged_attention"])
-    bad = [(r.name_expression, r.registers, r.spill_stores, r.spill_loads, r.stack_frame) for r in reports
-           if r.spill_stores or r.spill_loads or r.stack_frame]
+    bad = spills_beyond_allowance(reports, "paged_attention", arch, opts)
     assert not bad, f"paged_attention {opts!r} on {arch}: {bad}"
     if arch == "sm_90":
         regs = {r.name_expression: r.registers for r in reports}
