@@ -87,6 +87,11 @@ def test_spill_allowance_is_only_for_older_nvrtc():
         assert spills_beyond_allowance([rep], "reshape_and_cache", "sm_90") == []
         rep.spill_loads = 45
     assert spills_beyond_allowance([rep], "reshape_and_cache", "sm_90") != []
+    # a stack frame without spills counts too, and no kernel outside the list gets any allowance
+    stack_only = loader.CompileReport("reshape_and_cache", "sm_90", int4_write, 80, 0, 0, 48, 0)
+    assert spills_beyond_allowance([stack_only], "reshape_and_cache", "sm_90") != []
+    other = loader.CompileReport("hadamard", "sm_90", "rht<128>", 40, 4, 4, 4, 0)
+    assert spills_beyond_allowance([other], "hadamard", "sm_90") != []
 
 
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
