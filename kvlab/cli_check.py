@@ -6,6 +6,13 @@ import sys
 import time
 
 
+#: the NVRTC that kvlab's register bounds are tuned with: no kernel spills under it
+TUNED_NVRTC = (13, 5)
+NVRTC_NOTE = ("older than 13.5, which kvlab's register bounds are tuned with (pip picks 13.0 beside "
+              "torch's cu130 wheels): a few kernels spill here, flagged '<-- spills' without --quiet "
+              "(the INT4 write, measured 0.8 % slower; tests/test_kernels_compile.py, OLDER_NVRTC_SPILLS)")
+
+
 def environment() -> dict:
     """What this machine offers kvlab: GPU or not, NVRTC, CUDA headers, library versions."""
     info = {"python": platform.python_version()}
@@ -20,6 +27,8 @@ def environment() -> dict:
 
         major, minor = nvrtc.getVersion()
         info["nvrtc"] = f"{major}.{minor}"
+        if (major, minor) < TUNED_NVRTC:
+            info["nvrtc_note"] = NVRTC_NOTE
     except Exception as e:  # report, do not crash: check is the diagnostic tool
         info["cupy"] = info.get("cupy", f"unavailable ({e.__class__.__name__}: {e})")
         info.setdefault("nvrtc", "unavailable")

@@ -42,6 +42,22 @@ def test_check_fails_on_a_compile_error(tmp_path, monkeypatch, capsys):
     assert out.out.strip().splitlines()[-1].endswith("FAILED (1 families)")
 
 
+@pytest.mark.parametrize("version, noted", [((13, 0), True), ((13, 4), True), ((13, 5), False), ((14, 0), False)])
+def test_check_names_an_nvrtc_older_than_the_tuned_one(monkeypatch, version, noted):
+    """Under an NVRTC older than the one the register bounds are tuned with, check's environment
+    says why some kernels spill there; under 13.5 and later it says nothing more."""
+    from cupy.cuda import nvrtc
+
+    from kvlab import cli_check
+
+    monkeypatch.setattr(nvrtc, "getVersion", lambda: version)
+    info = cli_check.environment()
+    assert info["nvrtc"] == "%d.%d" % version
+    assert ("nvrtc_note" in info) is noted
+    if noted:
+        assert "13.5" in info["nvrtc_note"] and "spill" in info["nvrtc_note"]
+
+
 def test_demo_runs():
     r = run("demo")
     assert r.returncode == 0, r.stderr

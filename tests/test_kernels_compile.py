@@ -13,6 +13,7 @@ import re
 
 import pytest
 
+from kvlab.cli_check import TUNED_NVRTC  # the first NVRTC whose ptxas needs no spill allowance
 from kvlab.cuda import loader
 from kvlab.reference.hadamard import VLLM_SIGNS_512
 
@@ -36,8 +37,6 @@ OLDER_NVRTC_SPILLS = {
     ("paged_attention", "sm_90", "paged_attention_decode_paged<4, 128, ", False): 32,   # nvfp4 dual ring
     ("paged_prefill_wgmma", "sm_90a", "paged_attention_prefill_wgmma<", True): 56,
 }
-#: the first NVRTC whose ptxas needs no allowance
-TUNED_NVRTC = (13, 5)
 
 
 def spill_allowance(family: str, arch: str, name_expression: str, options: str,
