@@ -9,8 +9,9 @@ import time
 #: the NVRTC that kvlab's register bounds are tuned with: no kernel spills under it
 TUNED_NVRTC = (13, 5)
 NVRTC_NOTE = ("older than 13.5, which kvlab's register bounds are tuned with (pip picks 13.0 beside "
-              "torch's cu130 wheels): a few kernels may spill here (they do under 13.0), flagged '<-- spills' without --quiet "
-              "(the INT4 write, measured 0.8 % slower; tests/test_kernels_compile.py, OLDER_NVRTC_SPILLS)")
+              "torch's cu130 wheels): a few kernels may spill here (they do under 13.0), flagged "
+              "'<-- spills' without --quiet (the INT4 write, measured 0.8 % slower; "
+              "tests/test_kernels_compile.py, OLDER_NVRTC_SPILLS)")
 
 
 def environment() -> dict:

@@ -39,7 +39,7 @@ def main(argv=None) -> int:
     path = out / f"{args.family}-{args.arch}-{tag}.log"
     path.write_text(f"NVRTC {nvrtc.getVersion()} options {opts}\n\n{text}\n\nLOWERED NAMES\n"
                     + "\n".join(f"{k} -> {v}" for k, v in mapping.items()) + "\n")
-    entries = re.findall(r"Compiling entry function '([^']+)' for '(sm_\d+a?)'", text)
+    entries = loader._PTXAS_FN.findall(text)   # the loader's own pattern for ptxas's entry lines
     lowered = set(mapping.values())
     print(f"NVRTC {nvrtc.getVersion()}: {len(text)} characters of log, {len(entries)} entry functions named "
           f"({sum(e in lowered for e, _ in entries)} of the {len(exprs)} instantiations), "
