@@ -23,7 +23,7 @@ def test_loads_mode_ignores_ring_parameters():
     assert RingConfig("x").smem_bytes() == 3 * 4 * 8704
 
 
-@pytest.mark.parametrize("layout", ["paged", "contig"])
+@pytest.mark.parametrize("layout", ["paged", "blocks", "contig"])
 def test_offsets_cover_every_chunk_once(layout):
     cfg = RingConfig("x", chunk=64, layout=layout)
     offs = chunk_offsets(cfg, grid=5, chunks_per_cta=6, seed=3)
@@ -33,6 +33,11 @@ def test_offsets_cover_every_chunk_once(layout):
         # a block's K and V chunks are adjacent and in that order; blocks are shuffled
         assert np.all(offs[1::2] - offs[0::2] == 64) and np.all(offs[0::2] % 128 == 0)
         assert not np.all(np.diff(offs) == 64)
+    elif layout == "blocks":
+        # every chunk (a whole block) at its own shuffled place; odd counts per CTA allowed
+        assert not np.all(np.diff(offs) == 64)
+        odd = chunk_offsets(cfg, grid=3, chunks_per_cta=5, seed=1)
+        assert sorted(odd.tolist()) == [64 * i for i in range(15)]
     else:
         assert np.all(np.diff(offs) == 64)
 

@@ -12,6 +12,12 @@ same process as the kernels (docs/perf-notes.md, "Session 16"):
   contiguous, in each of :data:`READ_FLOOR_CONFIGS`; the row keeps the fastest. It does no
   math, writes ~0.1 % of what it reads and launches one kernel: a decode call that reads its
   cache once cannot beat it by more than the timer's noise.
+* **paged read floor** (:func:`paged_read_floor`): the same probe reading the same bytes as the
+  paged cache lays them out for the decode — whole blocks (a block's K and V sides together, one
+  bulk copy each, as the paged decode copies a block of 16 tokens) at shuffled places, as the
+  suite's block table scatters them — in each of :func:`paged_floor_configs`; the fastest is
+  kept. The distance from the read floor is what the layout costs any reader; the distance of a
+  kvlab row from this floor is what the kernel costs beyond reading its cache.
 * **SDPA at equal bytes** (:func:`equal_bytes_context`): torch SDPA on a bf16 cache of the
   same byte count — the same batch and heads with the context shortened by ``row_bytes / 2d``
   — i.e. what the format's call would take if kvlab read bytes as efficiently as torch's own
@@ -34,6 +40,41 @@ READ_FLOOR_CONFIGS = (
     RingConfig("16-byte loads, 4 CTAs/SM", mode="loads", chunk=8704, per_stage=4, ctas_per_sm=4,
                layout="contig"),
 )
+
+
+#: the paged read floor's ring forms: (stage bytes aimed at, stages, CTAs per SM). A stage holds
+#: ``max(1, round(aim / block))`` whole blocks. The first two are the paged decode's dual-ring CTA
+#: (one per SM, ~64 KB in flight per half … per CTA) and its two-per-SM form; the others bracket them.
+PAGED_FLOOR_FORMS = ((65536, 2, 1), (32768, 3, 1), (32768, 2, 2), (17408, 3, 2))
+#: shared memory of one SM (H100 / H200: 228 KB, 1 KB of it reserved per resident CTA) and the
+#: most one CTA may opt in to (227 KB): a form that does not fit its CTAs per SM is left out
+SMEM_PER_SM = 228 * 1024
+SMEM_PER_CTA_MAX = 227 * 1024
+
+
+def paged_floor_configs(block: int) -> tuple[RingConfig, ...]:
+    """Ring-probe configurations that read whole blocks of ``block`` bytes at shuffled places
+    (``layout="blocks"``): one per :data:`PAGED_FLOOR_FORMS` entry whose ``ctas_per_sm`` CTAs fit
+    an SM's shared memory, and 16-byte loads at 4 CTAs per SM (~34 KB per step). Names are unique.
+
+    ``block``: bytes of one cache block, K and V sides (``2 · block_size · num_kv_heads · row
+    bytes``), a positive multiple of 16."""
+    if block <= 0 or block % 16:
+        raise ValueError(f"block: a positive multiple of 16 bytes, got {block}")
+    kb = f"{block / 1024:.1f} KB"
+    out, seen = [], set()
+    for aim, nbuf, k in PAGED_FLOOR_FORMS:
+        ps = max(1, round(aim / block))
+        smem = nbuf * ps * block
+        if (ps, nbuf, k) in seen or smem > SMEM_PER_CTA_MAX or k * (smem + 1024) > SMEM_PER_SM:
+            continue
+        seen.add((ps, nbuf, k))
+        out.append(RingConfig(f"bulk copies of whole blocks ({kb}), {ps}/stage, {nbuf} stages, {k} CTA"
+                              f"{'s' if k > 1 else ''}/SM", chunk=block, per_stage=ps, nbuf=nbuf, ctas_per_sm=k,
+                              layout="blocks"))
+    out.append(RingConfig(f"16-byte loads of whole blocks ({kb}), 4 CTAs/SM", mode="loads", chunk=block,
+                          per_stage=max(1, round(34816 / block)), ctas_per_sm=4, layout="blocks"))
+    return tuple(out)
 
 
 def probe_shape(nbytes: int, cfg: RingConfig, n_sm: int) -> tuple[int, int, int]:
@@ -82,7 +123,8 @@ _SOURCE = _Source()
 
 
 def read_floor(nbytes: int, repeats: int = 30, configs=READ_FLOOR_CONFIGS) -> dict:
-    """Fastest streaming read of ~``nbytes`` contiguous bytes among ``configs`` (ring probe).
+    """Fastest streaming read of ~``nbytes`` bytes among ``configs`` (ring probe; contiguous for
+    the default configurations, as each configuration's layout says otherwise).
 
     Returns ``dict(median_ms, bytes, config, per_config)``: the fastest configuration's median
     time, the bytes it read (:func:`probe_shape`), its name, and ``{name: median_ms}`` of every
@@ -115,6 +157,12 @@ def read_floor(nbytes: int, repeats: int = 30, configs=READ_FLOOR_CONFIGS) -> di
         raise RuntimeError(f"no read-floor configuration ran: {per_config}")
     best["per_config"] = per_config
     return best
+
+
+def paged_read_floor(nbytes: int, block: int, repeats: int = 30) -> dict:
+    """:func:`read_floor` of ~``nbytes`` bytes read as whole blocks of ``block`` bytes at shuffled
+    places (:func:`paged_floor_configs`): the fastest pure read of a paged cache of that size."""
+    return read_floor(nbytes, repeats, paged_floor_configs(block))
 
 
 def release() -> None:

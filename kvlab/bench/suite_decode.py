@@ -13,10 +13,12 @@ output are < 0.1 % and not counted). Baselines in the same process:
 * kvlab's own ``auto`` (bf16) paged kernel (a row of its own);
 * a device-to-device copy moving the same bytes (``frac_of_copy`` = GB/s / copy GB/s);
 * per distinct cache size of a case (``floors.py``): a **read floor** row (the fastest of a few
-  pure streaming reads of that many bytes, the least time a call reading its cache once can
-  take under this timer) and, for the quantized formats, **torch SDPA at equal bytes** (SDPA on
-  a bf16 cache of the same byte count: the context shortened by ``row_bytes / 2d``). Each kvlab
-  row's notes give its time over the read floor of its bytes.
+  pure streaming reads of that many contiguous bytes, the least time a call reading its cache
+  once can take under this timer), a **paged read floor** row (the same bytes read as this
+  case's cache lays them out: whole 16-token blocks at shuffled places, so what the layout costs
+  any reader is the distance between the two floors) and, for the quantized formats, **torch
+  SDPA at equal bytes** (SDPA on a bf16 cache of the same byte count: the context shortened by
+  ``row_bytes / 2d``). Each kvlab row's notes give its time over both floors of its bytes.
 
 Every kvlab format runs on both decode kernels, side by side (``impl`` = ``kvlab <format>
 [<variant>]``): ``per_head`` (``paged_attention_decode``, one CTA per KV head gathering rows)
@@ -72,18 +74,27 @@ def _distinct_sizes(d):
 
 
 def _floor_rows(torch, case, B, ctx, Hkv, d, names, row_bytes, k_c, v_c, q_c, scale, base_ms, repeats):
-    """The read floor and (quantized formats) SDPA-at-equal-bytes rows of one cache size."""
+    """The read floor, the paged read floor and (quantized formats) SDPA-at-equal-bytes rows of one
+    cache size: ``((read floor ms, paged read floor ms), rows)``."""
     label = "/".join(n.replace("_per_token_head", "") for n in names)
     nbytes = 2 * B * ctx * Hkv * row_bytes
-    fl = floors.read_floor(nbytes, repeats)
-    cp = copy_bandwidth_gbps(fl["bytes"], repeats)
-    g = gbps(fl["bytes"], fl["median_ms"])
-    others = "; ".join(f"{k}: {v:.4f} ms" if isinstance(v, float) else f"{k}: {v}"
-                       for k, v in fl["per_config"].items() if k != fl["config"])
-    rows = [dict(suite=NAME, case=case, impl=f"read floor [{label} bytes]", median_ms=fl["median_ms"],
-                 bytes=fl["bytes"], gbps=g, frac_of_copy=g / cp, ratio_vs_baseline=fl["median_ms"] / base_ms,
-                 notes=f"fastest pure streaming read of these bytes (ring probe, contiguous): {fl['config']}; "
-                       f"also {others}")]
+    block = 2 * BLOCK_SIZE * Hkv * row_bytes
+    rows, times = [], []
+    for impl, fl, what in (
+        (f"read floor [{label} bytes]", floors.read_floor(nbytes, repeats),
+         "fastest pure streaming read of these bytes (ring probe, contiguous)"),
+        (f"paged read floor [{label} bytes]", floors.paged_read_floor(nbytes, block, repeats),
+         f"fastest pure streaming read of these bytes as whole {BLOCK_SIZE}-token blocks ({block} B, K and V) "
+         f"at shuffled places, as this case's paged cache (ring probe)"),
+    ):
+        cp = copy_bandwidth_gbps(fl["bytes"], repeats)
+        g = gbps(fl["bytes"], fl["median_ms"])
+        others = "; ".join(f"{k}: {v:.4f} ms" if isinstance(v, float) else f"{k}: {v}"
+                           for k, v in fl["per_config"].items() if k != fl["config"])
+        rows.append(dict(suite=NAME, case=case, impl=impl, median_ms=fl["median_ms"], bytes=fl["bytes"], gbps=g,
+                         frac_of_copy=g / cp, ratio_vs_baseline=fl["median_ms"] / base_ms,
+                         notes=f"{what}: {fl['config']}; also {others}"))
+        times.append(fl["median_ms"])
     if names != ["auto"]:
         # a quantized row is smaller than a bf16 one, so ctx_eq <= ctx: a prefix of the bf16 cache
         ctx_eq = floors.equal_bytes_context(ctx, row_bytes, d)
@@ -98,7 +109,7 @@ def _floor_rows(torch, case, B, ctx, Hkv, d, names, row_bytes, k_c, v_c, q_c, sc
                          notes="SDPA on a contiguous bf16 cache of the format's byte count: the time the "
                                "format's call would take at torch's efficiency per byte, fixed costs included"))
         del k_e, v_e
-    return fl["median_ms"], rows
+    return tuple(times), rows
 
 
 def _sdpa(torch, q, k, v, scale):
@@ -202,7 +213,9 @@ def run(quick: bool, progress) -> list[dict]:
                              f"byte floor {row_bytes / (2 * d):.3f}x bf16")
                     if plan.decode_variant_note:
                         notes += f"; {plan.decode_variant_note}"
-                    notes += f"; {r['median_ms'] / floor_ms[row_bytes]:.2f}x read floor"
+                    fl_c, fl_p = floor_ms[row_bytes]
+                    notes += (f"; {r['median_ms'] / fl_c:.2f}x read floor, "
+                              f"{r['median_ms'] / fl_p:.2f}x paged read floor")
                     notes += f"; host {r['host_ms']:.3f} ms/call (not timed)"
                     if variant == chosen:
                         notes += "; the default (auto) picks this kernel here"

@@ -30,7 +30,9 @@ class RingConfig:
     ring stage; nbuf: stages (2 … 8); split: bulk copies per chunk; ctas_per_sm: the grid is
     this × the SM count (shared memory must allow it to be resident); layout: ``"paged"``
     (pairs of chunks — a block's K and V — at shuffled places, as the decode benchmark's
-    shuffled block table) or ``"contig"`` (tensor mode: ``"heads"``); touch: every thread reads
+    shuffled block table), ``"blocks"`` (every chunk at its own shuffled place: a chunk is a
+    whole block, its K and V sides together, as the paged decode copies a block of 16 tokens) or
+    ``"contig"`` (tensor mode: ``"heads"``); touch: every thread reads
     one 16-byte word per stage; evict_first: L2 evict-first hint on the bulk copies. Tensor mode
     only: row_bytes (a token's row of every KV head, a multiple of 16), box_rows (tokens per box),
     col_step (bytes from one column group's first byte to the next: the KV heads one CTA stages;
@@ -68,8 +70,8 @@ class RingConfig:
         if (self.mode == "tensor") != (self.layout == "heads"):
             raise ValueError(f"layout: 'heads' goes with mode 'tensor' (and only with it), got mode "
                              f"{self.mode!r} with layout {self.layout!r}")
-        if self.layout not in ("paged", "contig", "heads"):
-            raise ValueError(f"layout: expected 'paged', 'contig' or 'heads', got {self.layout!r}")
+        if self.layout not in ("paged", "blocks", "contig", "heads"):
+            raise ValueError(f"layout: expected 'paged', 'blocks', 'contig' or 'heads', got {self.layout!r}")
         if self.mode == "tensor":
             if self.chunk % self.box_rows or self.chunk % 128 or self.box_bytes() % 16:
                 raise ValueError(f"chunk: a box of {self.box_rows} rows whose row is a multiple of 16 "
@@ -119,8 +121,9 @@ def tensor_rows(cfg: RingConfig, grid: int, chunks_per_cta: int) -> int:
 
 
 def chunk_offsets(cfg: RingConfig, grid: int, chunks_per_cta: int, seed: int = 0):
-    """int64 byte offsets, ``grid × chunks_per_cta`` of them, CTA-major: contiguous, or blocks of
-    two adjacent chunks at a random permutation of block places (``chunks_per_cta`` even).
+    """int64 byte offsets, ``grid × chunks_per_cta`` of them, CTA-major: contiguous, blocks of
+    two adjacent chunks at a random permutation of block places (``"paged"``, ``chunks_per_cta``
+    even), or every chunk at a random permutation of chunk places (``"blocks"``).
 
     Tensor mode (``layout="heads"``), a paged cache split by KV heads: the tensor's rows are
     blocks of 2 · ``box_rows`` rows (a block's K tokens, then its V tokens) at shuffled places;
@@ -142,6 +145,8 @@ def chunk_offsets(cfg: RingConfig, grid: int, chunks_per_cta: int, seed: int = 0
         return (rows.reshape(grid, -1) << 20 | cols[:, None]).ravel().astype(np.int64)
     if cfg.layout == "contig":
         return np.arange(n, dtype=np.int64) * cfg.chunk
+    if cfg.layout == "blocks":
+        return np.random.default_rng(seed).permutation(n).astype(np.int64) * cfg.chunk
     if chunks_per_cta % 2:
         raise ValueError("paged layout: chunks_per_cta must be even (K and V chunks of a block)")
     perm = np.random.default_rng(seed).permutation(n // 2).astype(np.int64)

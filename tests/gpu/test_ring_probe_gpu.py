@@ -8,7 +8,7 @@ import pytest
 pytestmark = pytest.mark.gpu
 cupy = pytest.importorskip("cupy")
 
-from kvlab.bench.floors import READ_FLOOR_CONFIGS  # noqa: E402
+from kvlab.bench.floors import READ_FLOOR_CONFIGS, paged_floor_configs  # noqa: E402
 from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, expected_sink, stream  # noqa: E402
 
 
@@ -25,6 +25,8 @@ CASES = [
     RingConfig("warp evict_first", mode="bulk_warp", chunk=4096, per_stage=2, nbuf=4, evict_first=True),
     RingConfig("thread no touch", chunk=4096, per_stage=2, nbuf=2, touch=False),
     *READ_FLOOR_CONFIGS,   # the decode suite's read-floor rows (kvlab/bench/floors.py)
+    # its paged read-floor rows: int4 blocks at d = 128 (8 KV heads) and at d = 64 (3 KV heads)
+    *paged_floor_configs(17408), *paged_floor_configs(3456),
 ]
 
 
