@@ -1190,11 +1190,7 @@ __global__ void __launch_bounds__(NCOL * 32)
 paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
                        const float* __restrict__ ws_ml, const int* __restrict__ red_items,
                        const int* __restrict__ query_start_loc, int num_kv_heads,
-                       int num_q_heads, int hpc, int tpc
-#ifdef KVLAB_DECODE_CLAIM
-                       , unsigned long long* __restrict__ claims, int claim_nh
-#endif
-                       ) {
+                       int num_q_heads, int hpc, int tpc) {
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = SPLIT ? blockIdx.z : warp;   // the column
@@ -1209,11 +1205,6 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const bool valid = (n < tpc * hpc) && (tok < Lq);
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
   KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
-#ifdef KVLAB_DECODE_CLAIM
-  // the decode grid is done with this item's claim words: zeroed for the next launch (one warp)
-  if (claims != nullptr && blockIdx.y == 0 && warp == 0 && (!SPLIT || blockIdx.z == 0))
-    for (int i = lane; i < nparts * claim_nh; i += 32) claims[static_cast<size_t>(part0) * claim_nh + i] = 0ull;
-#endif
   // (m, l) of the parts spread over the lanes (one long serial chain per warp was the batch-1
   // bottleneck: ~2 L2 latencies per part); the o rows 4 parts at a time, loads in flight.
   auto slot_of = [&](int p) {
@@ -1392,20 +1383,6 @@ __device__ __forceinline__ void tl_clock(int k) {
 #define KVLAB_TL_CLOCK(k) ((void)0)
 #endif
 
-#ifdef KVLAB_DECODE_CLAIM
-#if defined(KVLAB_DECODE_PROBE) || defined(KVLAB_PAGED_PAIR)
-#error "KVLAB_DECODE_CLAIM: not with the probe builds or KVLAB_PAGED_PAIR"
-#endif
-// A claiming producer's state (KVLAB_DECODE_CLAIM; paged_attention_decode_paged).
-struct ClaimState {
-  unsigned long long pend;   // the own claim fetched ahead (atomicAdd's return value)
-  int grp0, ncl, self;       // the group's first claimer, its claimer count, this claimer
-  int own_next;              // no group (part < 0): the next own stage
-  int vi;                    // the next victim: self + vi (mod ncl)
-  bool own, done;            // own stages may be left; the end is marked
-};
-#endif
-
 template <int FMT, int D>
 struct PagedTile {
   static constexpr int ROW = Traits<FMT, D, __half>::ROW;   // bytes per (token, head) row
@@ -1430,11 +1407,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
                              int num_kv_heads, int num_q_heads, int hpc, int tpc, int bs_log2,
                              float scale_log2, float k_scale, float v_scale, int window,
                              int swizzle_v, float* __restrict__ ws_o, float* __restrict__ ws_ml,
-                             int nbuf
-#ifdef KVLAB_DECODE_CLAIM
-                             , unsigned long long* __restrict__ claims, const int2* __restrict__ part_ranges
-#endif
-                             ) {
+                             int nbuf) {
 #ifdef KVLAB_HAS_BULK_COPY
   using TR = Traits<FMT, D, T>;
   using PT = PagedTile<FMT, D>;
@@ -1455,10 +1428,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   __shared__ float mo_sm[PG_MAXW * NH][NCOL], lo_sm[PG_MAXW * NH][NCOL];
   __shared__ int qpos_sm[PG_MAXW * NH][NCOL];
   __shared__ __align__(8) uint64_t full_bars[NH][PG_MAXBUF], empty_bars[NH][PG_MAXBUF];
-#ifdef KVLAB_DECODE_CLAIM
-  __shared__ int2 meta_sm[NH][PG_MAXBUF];   // per buffer: its stage's first chunk start, chunks (0: end)
-  __shared__ ClaimState cst_sm[NH];         // each half's producer state (kept out of registers)
-#endif
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int nthr = blockDim.x, ny = (nthr >> 5) / NH;
@@ -1582,29 +1551,17 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   // the stages issued before the main loop only, so that they are dead in it.
   if (lo16_plan != lo16) pre = make_int4(-1, -1, -1, -1);
 #endif
-  // Producer (thread 0): arm full[b] with the bytes of stage st of the range of rnch chunks from
-  // token rlo (this half's own: lo16, nch) and copy its chunks into buffer b; PRE: a stage
-  // before the main loop (its first chunks' blocks may come from the item; own range only).
-#ifdef KVLAB_DECODE_CLAIM
-#define KVLAB_OWN_RANGE lo16, nch,
-  auto issue = [&](int rlo, int rnch, int st, int b, auto pre_tag) {   // own range: b = st % nbuf
-#else
-#define KVLAB_OWN_RANGE
+  // Producer (thread 0): arm full[b] with the bytes of stage st and copy its chunks into buffer b;
+  // PRE: a stage before the main loop (its first chunks' blocks may come from the item).
   auto issue = [&](int st, int b, auto pre_tag) {   // b = st % nbuf
-#define rlo lo16
-#define rnch nch
-#endif
     constexpr bool PRE = decltype(pre_tag)::value;
     uint8_t* sbuf = ring + b * stage_sm;
-    const int nc = min(CPT, rnch - st * CPT);
+    const int nc = min(CPT, nch - st * CPT);
     constexpr uint32_t CH_BYTES = 16u * ((FMT == NVFP4) ? (D / 2 + S) : ROW);   // per head, side
-#ifdef KVLAB_DECODE_CLAIM
-    meta_sm[half][b] = make_int2(rlo + 16 * CPT * st, nc);   // released by the arrive below
-#endif
     mbar_arrive_expect_tx(&full_bar[b], 2u * nc * CH_BYTES * H);
     for (int j = 0; j < nc; ++j) {
       const int ci = st * CPT + j;
-      const int p0 = rlo + 16 * ci;
+      const int p0 = lo16 + 16 * ci;
       int blk = -1;
 #ifndef KVLAB_DECODE_NO_ITEM_META
       if constexpr (PRE)
@@ -1629,94 +1586,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
       }
     }
   };
-#ifndef KVLAB_DECODE_CLAIM
-#undef rlo
-#undef rnch
-#endif
-
-#ifdef KVLAB_DECODE_CLAIM
-  // Claimed stages (KVLAB_DECODE_CLAIM, docs/perf-notes.md "Session 27"): a claimer is one half of
-  // one part of a reduction group (the parts that split one (sequence, query tokens) item: claimer
-  // part·NH + half). Its first nbuf stages are its own; the rest of its range is shared through
-  // one 64-bit word per claimer, claims[claimer] = (taken from the back) << 32 | (taken from the
-  // front), zero before the launch (the merge zeroes it after): the owner takes the front stage
-  // nbuf + f with atomicAdd(+1), a thief of the group whose own range is done takes the back
-  // stage nst - 1 - t with atomicAdd(+1 << 32); either holds its stage iff nbuf + f + t < nst in
-  // the value its atomic returned (the two counters never meet). So the group's claimers end
-  // together instead of when each one's fixed share is done. The owner's next claim is fetched one
-  // stage ahead (its latency off the copy's path); a theft waits for its atomic.
-  if (producer) {
-    ClaimState& cs0 = cst_sm[half];
-    cs0.pend = 0ull;
-    cs0.grp0 = cs0.ncl = cs0.self = 0;
-    if (part >= 0) {
-      cs0.grp0 = it[9] * NH;
-      cs0.ncl = it[10] * NH;
-      cs0.self = part * NH + half;
-      if (nst > nbuf) cs0.pend = atomicAdd(claims + cs0.self, 1ull);
-    }
-    cs0.own = nst > nbuf;
-    cs0.own_next = nbuf;
-    cs0.vi = 1;
-    cs0.done = false;
-  }
-  // Producer: the next stage after the head — rlo, rnch, rst as issue() takes them; false if none.
-  auto next_stage = [&](int& rlo, int& rnch, int& rst) -> bool {
-    ClaimState& cs0 = cst_sm[half];
-    if (cs0.own) {
-      if (part < 0) {   // no group: the own range in order
-        if (cs0.own_next < nst) {
-          rlo = lo16; rnch = nch; rst = cs0.own_next++;
-          return true;
-        }
-      } else {
-        const unsigned long long o = cs0.pend;
-        const int f = static_cast<int>(static_cast<uint32_t>(o)), t = static_cast<int>(o >> 32);
-        if (nbuf + f + t < nst) {
-          cs0.pend = atomicAdd(claims + cs0.self, 1ull);
-          rlo = lo16; rnch = nch; rst = nbuf + f;
-          return true;
-        }
-      }
-      cs0.own = false;
-    }
-    for (; cs0.vi < cs0.ncl; ++cs0.vi) {   // thefts: the other claimers in turn, each until empty
-      const int v = cs0.grp0 + (cs0.self - cs0.grp0 + cs0.vi) % cs0.ncl;
-      const int2 r = part_ranges[v / NH];
-      int vpmin, vpmax, vlo;
-      int vn = kv_tiles(qp, r.x, r.y, window, vpmin, vpmax, vlo);
-      if constexpr (NH == 2) {   // that half's chunks, as the halves split them above
-        const int c0 = min(vn, (vn + 2 * CPT - 1) / (2 * CPT) * CPT);
-        if (v % NH == 0) {
-          vn = c0;
-        } else {
-          vlo += 16 * c0;
-          vn -= c0;
-        }
-      }
-      const int vst = (vn + CPT - 1) / CPT;
-      if (vst <= nbuf) continue;
-      const unsigned long long o = atomicAdd(claims + v, 1ull << 32);
-      const int f = static_cast<int>(static_cast<uint32_t>(o)), t = static_cast<int>(o >> 32);
-      if (nbuf + f + t < vst) {
-        rlo = vlo; rnch = vn; rst = vst - 1 - t;
-        return true;
-      }
-    }
-    return false;
-  };
-  // Producer: fill buffer b with the next stage, or mark the end there (consumers stop at it).
-  auto issue_next = [&](int b) {
-    int rlo, rnch, rst;
-    if (next_stage(rlo, rnch, rst)) {
-      issue(rlo, rnch, rst, b, MaskTag<false>{});
-    } else {
-      meta_sm[half][b] = make_int2(0, 0);
-      mbar_arrive(&full_bar[b]);
-      cst_sm[half].done = true;
-    }
-  };
-#endif
 
   // ---- prologue: this warp's 8 query columns (as paged_attention_decode), staged at the end of
   // the ring (q_off, 128-byte aligned) so that the stages in the buffers before it (b < q_buf)
@@ -1731,7 +1600,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   const int q_off = SPLIT_Q ? NH * nbuf * stage_sm : max(0, nbuf * stage_sm - ny * NCOL * D * 2) & ~127;
   const int q_buf = SPLIT_Q ? nbuf : q_off / stage_sm;   // the first buffer the q staging overlaps
   if (producer)
-    for (int st = 0; st < min(q_buf, nst); ++st) issue(KVLAB_OWN_RANGE st, st, MaskTag<true>{});
+    for (int st = 0; st < min(q_buf, nst); ++st) issue(st, st, MaskTag<true>{});
 #endif
   KVLAB_TL_CLOCK(12);
   uint16_t* q_sm = reinterpret_cast<uint16_t*>((SPLIT_Q ? dsm : ring) + q_off) +
@@ -1974,12 +1843,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 
   // ---- main loop: stages st + 1 … st + nbuf - 1 in flight while stage st is decoded
   if (producer)
-    for (int st = q_buf; st < min(nbuf, nst); ++st) issue(KVLAB_OWN_RANGE st, st, MaskTag<true>{});
-#ifdef KVLAB_DECODE_CLAIM
-  // the buffers past a short own range: stages claimed or stolen, else the end mark
-  if (producer)
-    for (int bb = min(nbuf, nst); bb < nbuf && !cst_sm[half].done; ++bb) issue_next(bb);
-#endif
+    for (int st = q_buf; st < min(nbuf, nst); ++st) issue(st, st, MaskTag<true>{});
   int b = 0;          // st % nbuf
   uint32_t ph = 0u;   // (st / nbuf) & 1: the phase parity of buffer b's barriers
   // KVLAB_DECODE_PROBE (measurement only, wrong outputs; docs/perf-notes.md "Session 10: where the
@@ -1994,33 +1858,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
 #else
   constexpr bool PROBE_MATH = true, PROBE_DATA = true;
 #endif
-#ifdef KVLAB_DECODE_CLAIM
-  const int c_tend = pmin < L ? pmin + 1 : L;   // chunks that end by this token need no mask …
-  const int c_wlo = pmax - window;               // … (window > 0) nor those that start after this
-  for (int sti = 0;; ++sti) {   // until the producer's end mark
-    mbar_wait(&full_bar[b], ph);
-    const int2 mt = meta_sm[half][b];
-    if (mt.y == 0) break;
-    // the stage as a range of its own (a claimed stage may come from any claimer's range): the
-    // body below reads lo16, nch, tf0, tf1 and st as for the own range's stage 0
-    const int lo16 = mt.x, nch = mt.y;
-    constexpr int st = 0;
-    int tf1 = c_tend - lo16 > 0 ? min((c_tend - lo16) >> 4, nch) : 0;
-    int tf0 = 0;
-    if (window > 0) {
-      const int wlo = c_wlo - lo16;
-      tf0 = wlo >= 0 ? min(wlo / 16 + 1, nch) : 0;
-    }
-    tf1 = max(tf1, tf0);
-#ifdef KVLAB_DECODE_TIMELINE
-    if (sti == 0) KVLAB_TL_MARK(2);
-#endif
-#else
   for (int st = 0; st < nst; ++st) {
     if (PROBE_DATA || st < nbuf) mbar_wait(&full_bar[b], ph);
 #ifdef KVLAB_DECODE_TIMELINE
     if (st == 0) KVLAB_TL_MARK(2);
-#endif
 #endif
     const uint8_t* sbuf = ring + b * stage_sm;
     if (PROBE_MATH) {
@@ -2110,17 +1951,10 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     }
     }   // PROBE_MATH
     mbar_arrive(&empty_bar[b]);   // this thread is done reading buffer b
-#ifdef KVLAB_DECODE_CLAIM
-    if (producer && !cst_sm[half].done) {
-      mbar_wait(&empty_bar[b], ph);
-      issue_next(b);
-    }
-#else
     if (PROBE_DATA && producer && st + nbuf < nst) {
       mbar_wait(&empty_bar[b], ph);
-      issue(KVLAB_OWN_RANGE st + nbuf, b, MaskTag<false>{});
+      issue(st + nbuf, b, MaskTag<false>{});
     }
-#endif
 #ifdef KVLAB_DECODE_STAGE
     boff += static_cast<uint32_t>(stage_sm);
     if (b + 1 == nbuf) boff = 0u;

@@ -4,7 +4,6 @@ import numpy as np
 import pytest
 
 import kvlab
-from kvlab.cuda import attention
 from kvlab.cuda.attention import AttentionPlan
 
 
@@ -1053,43 +1052,3 @@ def test_ctas_per_sm_rejects_nonsense():
         ctas_per_sm(100, 0, 0, 233_472)
     with pytest.raises(ValueError, match="regs_per_thread"):
         ctas_per_sm(0, 4, 0, 233_472)
-
-
-def test_claim_rows_name_each_parts_group_and_range():
-    """The claim build's work-list fields (``claim_rows``): every split item carries its reduction
-    group's first part and part count, each part's range is its item's (kv_lo, kv_hi), and an item
-    without a split carries none — on random ragged batches, rows shuffled as the slot fill does."""
-    rng = np.random.default_rng(7)
-    for trial in range(20):
-        S = int(rng.integers(1, 9))
-        sl = rng.integers(1, 5000, S)
-        qlen = rng.integers(1, 3, S)
-        qsl = np.concatenate([[0], np.cumsum(qlen)])
-        items, red, n_parts = attention._work_list(qsl, sl, 4, 0, 1, int(rng.integers(8, 300)))
-        rows = np.zeros((len(items), attention.ITEM), np.int32)
-        rows[:, :attention.ITEM_HOST] = items
-        perm = rng.permutation(len(rows))
-        rows, red_s = rows[perm], red[rng.permutation(len(red))]
-        ranges = attention.claim_rows(rows, red_s, n_parts)
-        assert ranges.shape == (max(n_parts, 1), 2)
-        for r in rows:
-            part = int(r[4])
-            if part < 0:
-                assert r[9] == 0 and r[10] == 0
-                continue
-            grp = [g for g in red if g[2] <= part < g[2] + g[3]]
-            assert len(grp) == 1 and (r[9], r[10]) == (grp[0][2], grp[0][3])
-            assert (grp[0][0], grp[0][1]) == (r[0], r[1])   # one (sequence, query tokens) per group
-            assert tuple(ranges[part]) == (r[2], r[3])
-        # every part of every group has a range (the thieves read them all)
-        for g in red:
-            for p in range(g[2], g[2] + g[3]):
-                assert ranges[p][1] > ranges[p][0]
-
-
-def test_claim_rows_refuse_a_part_outside_every_group():
-    rows = np.zeros((2, attention.ITEM), np.int32)
-    rows[:, 4] = [0, 5]
-    red = np.array([[0, 0, 0, 2]], np.int32)
-    with pytest.raises(ValueError, match="outside every reduction group"):
-        attention.claim_rows(rows, red, 6)

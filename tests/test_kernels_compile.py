@@ -524,7 +524,7 @@ def test_int4_write_index_math_switches(opts, ok, monkeypatch):
 #: sm_80 builds of the switches to keep CI under its 30 minutes)
 DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP4",
                         "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
-                        "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16 -DKVLAB_DECODE_CLAIM",
+                        "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS",
@@ -542,8 +542,7 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_NO_EARLY_ISSUE (the paged ring's first copies after the prologue) and with
     -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS (session 10's one-column-at-a-time query prologue) and with
     -DKVLAB_DECODE_LATE_QUERY_LOADS (the query rows loaded after the first copies) and with
-    -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time; built together with
-    session 27's -DKVLAB_DECODE_CLAIM, the claimed stages, to keep CI's compile count) and with session 14's
+    -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time) and with session 14's
     -DKVLAB_DECODE_NO_PACKED_E2M1 (nvfp4 operands nibble pair by pair) together with
     -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted), and with session 17's
     -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row, built
@@ -582,16 +581,12 @@ def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
 @pytest.mark.parametrize("opts, ok", [("-DKVLAB_DECODE_PROBE=1", True), ("-DKVLAB_DECODE_PROBE=2", True),
                                       ("-DKVLAB_DECODE_PROBE=3", False), ("-DKVLAB_DECODE_TIMELINE", True),
                                       ("-DKVLAB_DECODE_TIMELINE -DKVLAB_DECODE_SERIAL_QUERY_COLUMNS", True),
-                                      ("-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS -DKVLAB_DECODE_LATE_QUERY_LOADS", False),
-                                      ("-DKVLAB_DECODE_CLAIM -DKVLAB_DECODE_TIMELINE", True),
-                                      ("-DKVLAB_DECODE_CLAIM -DKVLAB_DECODE_PROBE=1", False)])
+                                      ("-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS -DKVLAB_DECODE_LATE_QUERY_LOADS", False)])
 def test_decode_probe_builds(opts, ok, monkeypatch):
     """The paged decode's measurement-only builds (docs/perf-notes.md "Session 10": the probes =1
     data only, =2 math only, and the per-CTA timeline of scripts/decode_cta_timeline.py) compile,
     so a session can run them; any other probe value is an #error, and so is naming the two
-    query-prologue switches of session 11 together (one would be ignored: a mislabelled A/B); the
-    claimed stages (session 27) build with the timeline and refuse the probes (their loop is the
-    fixed-count one)."""
+    query-prologue switches of session 11 together (one would be ignored: a mislabelled A/B)."""
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 128, __nv_bfloat16>", opts, ok)
 
 

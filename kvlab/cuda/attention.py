@@ -660,9 +660,6 @@ class AttentionPlan:
     wave_weight: float = 1.0                       # first-wave split weight applied (_wave_weighted; 1: none)
     slot_fill: bool = False                        # the work list re-drawn by _slot_filled (when it pays)
     prefill_variant: str = "mma"                   # the prefill kernel it launches: "mma" or "wgmma"
-    claim: bool = False                            # built for -DKVLAB_DECODE_CLAIM (claim_build)
-    claims: object = None                          # its claim words: device uint64 (n_parts · halves), zero
-    part_ranges: object = None                     # its parts' KV ranges: device int32 (n_parts, 2)
 
     def check_run_args(self, q, kv_cache, out=None):
         """Cheap checks that ``q``/``kv_cache``/``out`` fit this plan (a plan is built for one
@@ -723,8 +720,6 @@ class AttentionPlan:
                 _raise_dynamic_smem(k, spec, self.device_id, self.paged_smem)
                 grid, block, smem = (self.n_items, 1), (self.paged_halves * self.ny * 32,), self.paged_smem
                 extra = (L.i32(self.paged_nbuf),)
-                if self.claim:
-                    extra += (L.ptr(self.claims), L.ptr(self.part_ranges))
             else:
                 k = get_kernel(_decode_spec(self.fmt_code, d, t), self.device_id)
                 grid, block, smem, extra = (self.n_items, self.ny), (NW * 32,), 0, ()
@@ -742,48 +737,12 @@ class AttentionPlan:
                                             self.red_split), self.device_id)
                 grid = (self.n_red, self.ny, NCOL) if self.red_split else (self.n_red, self.ny)
                 launch = L.launch_dependent if self.pdl_merge else L.launch
-                claim = ((L.ptr(self.claims) if self.decode_variant == "paged" else np.uint64(0)),
-                         L.i32(self.paged_halves)) if self.claim else ()
                 launch(r, grid, (NCOL * 32,), (
                     L.ptr(out), L.ptr(self.ws_o), L.ptr(self.ws_ml), L.ptr(self.red_items),
                     L.ptr(query_start_loc), L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
-                    L.i32(self.hpc), L.i32(self.tpc), *claim,
+                    L.i32(self.hpc), L.i32(self.tpc),
                 ))
         return out
-
-
-def claim_build() -> bool:
-    """Whether the kernels are built with ``-DKVLAB_DECODE_CLAIM`` (``KVLAB_NVRTC_OPTIONS``): the
-    paged decode's claimed stages (kernels_cu/paged_attention.cu, docs/perf-notes.md "Session
-    27"), whose kernels take the claim words and the parts' ranges (:func:`claim_rows`). Read when
-    a plan is built."""
-    from .loader import user_options
-
-    return "-DKVLAB_DECODE_CLAIM" in user_options()
-
-
-def claim_rows(rows: np.ndarray, red: np.ndarray, n_parts: int) -> np.ndarray:
-    """The claim build's work-list fields: writes each split item's reduction group — its first
-    part and part count (``red``'s ``part0``, ``nparts``) — to ``rows[:, 9]`` and ``rows[:, 10]``
-    (0 for an item with no split) and returns the parts' KV ranges, int32 ``(n_parts, 2)``:
-    ``(kv_lo, kv_hi)`` of the item whose part it is. A claiming CTA steals stages from the other
-    parts of its group; it recomputes their chunks from these ranges as their owners do."""
-    ranges = np.zeros((max(n_parts, 1), 2), np.int32)
-    rows[:, 9] = rows[:, 10] = 0
-    part = rows[:, 4]
-    split = np.nonzero(part >= 0)[0]
-    if split.size == 0:
-        return ranges
-    if len(red) == 0:
-        raise ValueError("claim_rows: split items without reductions")
-    order = np.argsort(red[:, 2], kind="stable")
-    k = np.searchsorted(red[order, 2], part[split], side="right") - 1
-    g = order[np.maximum(k, 0)]
-    if np.any(k < 0) or np.any(part[split] >= red[g, 2] + red[g, 3]):
-        raise ValueError("claim_rows: a part outside every reduction group")
-    rows[split, 9], rows[split, 10] = red[g, 2], red[g, 3]
-    ranges[part[split]] = rows[split][:, 2:4]
-    return ranges
 
 
 def pdl_merge(device_id) -> bool:
@@ -1339,12 +1298,6 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         with L.stream_of(q):
             # one host-to-device copy for the three work lists (views into one buffer)
             rows = _item_meta(items, qsl_h, sl_h, meta["block_table"], tpc, window, bs)
-            claim = claim_build()
-            claims = part_ranges = None
-            if claim:
-                ranges = claim_rows(rows, red, n_parts)
-                part_ranges = cupy.asarray(ranges)
-                claims = cupy.zeros((max(n_parts, 1) * nh,), cupy.uint64)
             parts = [np.ascontiguousarray(a, np.int32).ravel()
                      for a in (rows if len(rows) else np.zeros((1, ITEM), np.int32), red, pf_items)]
             buf = cupy.asarray(np.concatenate(parts))
@@ -1366,7 +1319,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
         paged_halves=nh if variant == "paged" else 1,
         wave_weight=wave_weight, slot_fill=slot_fill,
-        prefill_variant=pf_variant, claim=claim, claims=claims, part_ranges=part_ranges,
+        prefill_variant=pf_variant,
     )
 
 
