@@ -18,6 +18,11 @@ critical path only if issued ahead) and any change of rate when a neighbour stop
 are grouped into sequences as ``ctas / B`` consecutive CTAs (the work list is sequence-major for
 uniform batches; a weighted list groups approximately). Prints, per case and run, the measured
 span and the two modelled spans (µs from the first CTA's start).
+
+Session 27 built the sequence-balanced form (claims per part, thefts within the group; branch
+``experiment/decode-claim``) and measured it *slower* for the dual-ring CTA, where the model had
+predicted 1–2.5 µs less: a theft's round trips idle the thief's warps about as long as the stage
+it brings (docs/perf-notes.md "Session 27"). Read the model as an upper bound.
 """
 from __future__ import annotations
 

@@ -43,8 +43,9 @@ READ_FLOOR_CONFIGS = (
 
 
 #: the paged read floor's ring forms: (stage bytes aimed at, stages, CTAs per SM). A stage holds
-#: ``max(1, round(aim / block))`` whole blocks. The first two are the paged decode's dual-ring CTA
-#: (one per SM, ~64 KB in flight per half … per CTA) and its two-per-SM form; the others bracket them.
+#: ``max(1, round(aim / block))`` whole blocks. The first is one CTA per SM with as many bytes in
+#: flight as the paged decode's dual-ring CTA (two rings of 2 stages of 2 int4 blocks at d = 128),
+#: the third two CTAs per SM as its two-per-SM form; the other two bracket them.
 PAGED_FLOOR_FORMS = ((65536, 2, 1), (32768, 3, 1), (32768, 2, 2), (17408, 3, 2))
 #: shared memory of one SM (H100 / H200: 228 KB, 1 KB of it reserved per resident CTA) and the
 #: most one CTA may opt in to (227 KB): a form that does not fit its CTAs per SM is left out
