@@ -1205,11 +1205,46 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const bool valid = (n < tpc * hpc) && (tok < Lq);
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
   KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
+#ifdef KVLAB_DECODE_MERGE_PROBE
+  // measurement only, wrong outputs (docs/perf-notes.md "Session 28"): the merge launched and
+  // released as always, then nothing read or written — what the launch and the wait cost alone
+  return;
+#endif
   // (m, l) of the parts spread over the lanes (one long serial chain per warp was the batch-1
   // bottleneck: ~2 L2 latencies per part); the o rows 4 parts at a time, loads in flight.
   auto slot_of = [&](int p) {
     return (static_cast<size_t>(part0 + p) * gridDim.y + blockIdx.y) * NCOL + n;
   };
+  // the o rows RU parts at a time: all their loads (the part's m and its row piece) are issued
+  // before any is used, so a column costs ~nparts/RU dependent L2 round trips (batch 1 at 128k
+  // has ~250 parts per column: with 4 in flight the merge took tens of µs)
+#ifdef KVLAB_DECODE_MERGE_RU
+  constexpr int RU = KVLAB_DECODE_MERGE_RU;   // A/B (docs/perf-notes.md "Session 11", call 8)
+  static_assert(RU == 4 || RU == 8 || RU == 16, "KVLAB_DECODE_MERGE_RU: 4, 8 or 16");
+#else
+  constexpr int RU = 8;
+#endif
+  constexpr int NSL = SPLIT ? NCOL : 1;   // warps sharing a column
+  float mp[RU], o[RU][E];
+  auto load_run = [&](int p0) {
+#pragma unroll
+    for (int u = 0; u < RU; ++u) {
+      const bool in = p0 + u < nparts;
+      const size_t slot = slot_of(in ? p0 + u : p0);
+      mp[u] = in ? ws_ml[2 * slot] : NEG_BIG;
+      const float* src = ws_o + slot * D + lane * E;
+#pragma unroll
+      for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
+    }
+  };
+#ifndef KVLAB_DECODE_MERGE_TWOPASS
+  // The warp's first run of RU parts is loaded before the (m, l) pass, so both are in flight
+  // together: one L2 round trip fewer per column (a column of at most RU parts, B = 32 × 8k's 4,
+  // costs one round trip in all). Measured in session 28 (docs/perf-notes.md): −0.3 … −1.4 µs
+  // per call wherever there is a merge; -DKVLAB_DECODE_MERGE_TWOPASS loads the run after the
+  // pass, as before (A/B).
+  load_run((SPLIT ? warp : 0) * RU);
+#endif
   // (m, l) of up to 32·PL parts per pass in registers, loaded at once (one round trip per pass
   // instead of two per 32 parts), merged online across passes
   constexpr int PL = 8;
@@ -1235,30 +1270,15 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
     Ls = Ls * exp2f(M - mn) + warp_sum(lb);
     M = mn;
   }
-  // the o rows RU parts at a time: all their loads (the part's m and its row piece) are issued
-  // before any is used, so a column costs ~nparts/RU dependent L2 round trips (batch 1 at 128k
-  // has ~250 parts per column: with 4 in flight the merge took tens of µs)
-#ifdef KVLAB_DECODE_MERGE_RU
-  constexpr int RU = KVLAB_DECODE_MERGE_RU;   // A/B (docs/perf-notes.md "Session 11", call 8)
-  static_assert(RU == 4 || RU == 8 || RU == 16, "KVLAB_DECODE_MERGE_RU: 4, 8 or 16");
-#else
-  constexpr int RU = 8;
-#endif
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = 0.f;
-  constexpr int NSL = SPLIT ? NCOL : 1;   // warps sharing a column
   for (int p0 = (SPLIT ? warp : 0) * RU; p0 < nparts; p0 += NSL * RU) {
-    float mp[RU], o[RU][E];
-#pragma unroll
-    for (int u = 0; u < RU; ++u) {
-      const bool in = p0 + u < nparts;
-      const size_t slot = slot_of(in ? p0 + u : p0);
-      mp[u] = in ? ws_ml[2 * slot] : NEG_BIG;
-      const float* src = ws_o + slot * D + lane * E;
-#pragma unroll
-      for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
-    }
+#ifndef KVLAB_DECODE_MERGE_TWOPASS
+    if (p0 != (SPLIT ? warp : 0) * RU) load_run(p0);   // the first run is in already
+#else
+    load_run(p0);
+#endif
 #pragma unroll
     for (int u = 0; u < RU; ++u) {
       const float f = exp2f(mp[u] - M);   // 0 for the padding parts (NEG_BIG - M)
