@@ -1224,13 +1224,6 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #else
   constexpr int RU = 8;
 #endif
-#ifdef KVLAB_DECODE_MERGE_ONEPASS
-  // A/B (docs/perf-notes.md "Session 28"; measured on an H100 only: −0.3 … −1.4 µs per call with
-  // a merge): the warp's first run of RU parts (m and o rows) is loaded before the (m, l) pass, so
-  // both are in flight together — one L2 round trip fewer per column (a column of at most RU
-  // parts, B = 32 × 8k's 4, then costs one round trip in all)
-  float mp1[RU], o1[RU][E];
-  const int first = (SPLIT ? warp : 0) * RU;
   auto load_run = [&](int p0, float (&mp)[RU], float (&o)[RU][E]) {
 #pragma unroll
     for (int u = 0; u < RU; ++u) {
@@ -1242,6 +1235,13 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
       for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
     }
   };
+#ifdef KVLAB_DECODE_MERGE_ONEPASS
+  // A/B (docs/perf-notes.md "Session 28"; measured on an H100 only: −0.3 … −1.4 µs per call with
+  // a merge): the warp's first run of RU parts (m and o rows) is loaded before the (m, l) pass, so
+  // both are in flight together — one L2 round trip fewer per column (a column of at most RU
+  // parts, B = 32 × 8k's 4, then costs one round trip in all)
+  const int first = (SPLIT ? warp : 0) * RU;   // this warp's first run of parts
+  float mp1[RU], o1[RU][E];
   load_run(first, mp1, o1);
 #endif
   // (m, l) of up to 32·PL parts per pass in registers, loaded at once (one round trip per pass
@@ -1269,36 +1269,19 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
     Ls = Ls * exp2f(M - mn) + warp_sum(lb);
     M = mn;
   }
-#ifdef KVLAB_DECODE_MERGE_ONEPASS
-  float x[E];
-#pragma unroll
-  for (int j = 0; j < E; ++j) x[j] = 0.f;
-  constexpr int NSL = SPLIT ? NCOL : 1;   // warps sharing a column
-  for (int p0 = first; p0 < nparts; p0 += NSL * RU) {
-    if (p0 != first) load_run(p0, mp1, o1);   // the first run is in already
-#pragma unroll
-    for (int u = 0; u < RU; ++u) {
-      const float f = exp2f(mp1[u] - M);   // 0 for the padding parts (NEG_BIG - M)
-#pragma unroll
-      for (int j = 0; j < E; ++j) x[j] += o1[u][j] * f;
-    }
-  }
-#else
   float x[E];
 #pragma unroll
   for (int j = 0; j < E; ++j) x[j] = 0.f;
   constexpr int NSL = SPLIT ? NCOL : 1;   // warps sharing a column
   for (int p0 = (SPLIT ? warp : 0) * RU; p0 < nparts; p0 += NSL * RU) {
+#ifdef KVLAB_DECODE_MERGE_ONEPASS
+    if (p0 != first) load_run(p0, mp1, o1);   // the first run is in already
+    float (&mp)[RU] = mp1;
+    float (&o)[RU][E] = o1;
+#else
     float mp[RU], o[RU][E];
-#pragma unroll
-    for (int u = 0; u < RU; ++u) {
-      const bool in = p0 + u < nparts;
-      const size_t slot = slot_of(in ? p0 + u : p0);
-      mp[u] = in ? ws_ml[2 * slot] : NEG_BIG;
-      const float* src = ws_o + slot * D + lane * E;
-#pragma unroll
-      for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
-    }
+    load_run(p0, mp, o);
+#endif
 #pragma unroll
     for (int u = 0; u < RU; ++u) {
       const float f = exp2f(mp[u] - M);   // 0 for the padding parts (NEG_BIG - M)
@@ -1306,7 +1289,6 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
       for (int j = 0; j < E; ++j) x[j] += o[u][j] * f;
     }
   }
-#endif
   if constexpr (SPLIT) {   // sum the warps' runs; warp 0 finishes the column
     __shared__ float part_sm[NCOL][D];
 #pragma unroll
