@@ -6,7 +6,8 @@ by one step and shows ``msg``; ``progress.total(n)`` may announce the number of 
 Each row has the keys of :data:`ROW_KEYS` (missing ones are filled with ``None``).
 
 Writes ``results.json`` (rows + environment) and ``results.md`` (a Markdown table with the
-date, GPU and library versions) into ``--out``. Without a GPU it prints one line and exits 1.
+date, GPU and library versions, ending with the issue's targets read off the rows:
+:mod:`kvlab.bench.targets`) into ``--out``. Without a GPU it prints one line and exits 1.
 ``KVLAB_BENCH_L2=dirty|clean`` sets how the timer flushes L2 before each repeat
 (:mod:`kvlab.bench.timing`); the header records it as ``l2_flush``.
 """
@@ -20,6 +21,7 @@ import platform
 import sys
 from pathlib import Path
 
+from . import targets
 from .timing import l2_flush_mode
 
 ROW_KEYS = ("suite", "case", "impl", "median_ms", "bytes", "gbps", "frac_of_copy",
@@ -159,6 +161,7 @@ def markdown(rows, env) -> str:
         for r in rs:
             lines.append("| " + " | ".join(_fmt(r.get(k), k) for k in cols) + " |")
         lines.append("")
+    lines += targets.markdown_lines(rows)   # the issue's goals, last (empty without their suites)
     return "\n".join(lines)
 
 

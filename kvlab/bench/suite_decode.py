@@ -41,6 +41,7 @@ from __future__ import annotations
 import math
 
 from . import floors
+from .targets import DEFAULT_MARK
 from .timing import bench_ms, copy_bandwidth_gbps, gbps
 
 NAME = "decode"
@@ -218,7 +219,7 @@ def run(quick: bool, progress) -> list[dict]:
                               f"{r['median_ms'] / fl_p:.2f}x paged read floor")
                     notes += f"; host {r['host_ms']:.3f} ms/call (not timed)"
                     if variant == chosen:
-                        notes += "; the default (auto) picks this kernel here"
+                        notes += f"; {DEFAULT_MARK}"
                     if (B, ctx, d) == (64, 4096, 128) and name == "int4_per_token_head":
                         notes += f"; vLLM Triton INT4 {VLLM_TRITON_INT4_MS} ms (quoted) -> " \
                                  f"{VLLM_TRITON_INT4_MS / r['median_ms']:.1f}x faster"

@@ -9,16 +9,19 @@ contiguous bf16 q/K/V — ``ratio_vs_baseline`` = time / its time. Prefill is co
 so the notes give TFLOP/s (causal: 2 · 2 · H_q · d · T² / 2 flops); ``bytes`` counts the
 cache bytes read once. kvlab rows time :meth:`AttentionPlan.run` (plan built once).
 
-On a compute capability 9.0 GPU every format is timed twice in the same process: the default
+On a compute capability 9.0 GPU every format is timed twice in the same process: the portable
 prefill kernel (``prefill_variant="mma"``, rows ``kvlab <format>``) and the Hopper wgmma one
 (``prefill_variant="wgmma"``, rows ``kvlab <format> wgmma``), on the same cache and plan inputs.
-``KVLAB_BENCH_PREFILL_VARIANTS`` (e.g. ``wgmma``) restricts the variants timed.
+The row of the kernel that the default (``prefill_variant="auto"``: wgmma on compute capability
+9.0, else mma) runs says so in its notes. ``KVLAB_BENCH_PREFILL_VARIANTS`` (e.g. ``wgmma``)
+restricts the variants timed.
 """
 from __future__ import annotations
 
 import math
 import os
 
+from .targets import DEFAULT_MARK
 from .timing import bench_ms, copy_bandwidth_gbps, gbps
 
 NAME = "prefill"
@@ -47,12 +50,13 @@ def run(quick: bool, progress) -> list[dict]:
     import torch
 
     import kvlab
-    from kvlab.cuda.attention import plan_paged_attention
+    from kvlab.cuda.attention import _resolve_prefill_variant, plan_paged_attention
 
     from .suite_decode import build_batch
 
     repeats = 5 if quick else 15
     variants = prefill_variants()
+    default_pv = _resolve_prefill_variant(None, torch.cuda.current_device())   # the default's kernel
     grid = [(HQ, HKV, D, T) for HQ, HKV, D, lengths in _grid(quick) for T in lengths]
     progress.total(len(grid) * (len(FORMATS) * len(variants) + 1))
     rows = []
@@ -98,7 +102,8 @@ def run(quick: bool, progress) -> list[dict]:
                                  frac_of_copy=gbps(nbytes, r["median_ms"]) / copy_bandwidth_gbps(nbytes, repeats),
                                  ratio_vs_baseline=r["median_ms"] / base["median_ms"],
                                  notes=f"{flops / r['median_ms'] / 1e9:.0f} TFLOP/s; {plan.n_pf}x{plan.num_kv_heads} "
-                                       f"prefill CTAs ({pv})"))
+                                       f"prefill CTAs ({pv})"
+                                       + (f"; {DEFAULT_MARK}" if pv == default_pv else "")))
                 progress(f"{case} {impl}")
                 del plan, out
             del cache

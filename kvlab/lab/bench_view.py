@@ -78,3 +78,34 @@ def bandwidth_plot(rows, suite: str):
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     return fig
+
+
+def targets_plot(rows):
+    """Horizontal bars, one per issue-4 target measured in ``rows`` (:mod:`kvlab.bench.targets`):
+    the default kernel's time over the most time the target allows (1 = on the line, left of it =
+    met), with the paged read floor of the same bytes as a tick where the decode suite measured it
+    (how close any reader of that cache could come). Returns the figure; None when ``rows`` hold
+    no target."""
+    import matplotlib.pyplot as plt
+
+    from kvlab.bench import targets
+
+    cs = [c for c in targets.check(rows) if c["limit_ms"]]
+    if not cs:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 0.45 * len(cs) + 1.4))
+    y = list(range(len(cs)))[::-1]
+    for yi, c in zip(y, cs):
+        x = c["row"]["median_ms"] / c["limit_ms"]
+        ax.barh(yi, x, color="tab:green" if c["status"] == "met" else "tab:red", alpha=0.75)
+        ax.text(x, yi, f"  {c['row']['median_ms']:.4f} ms ({c['status']})", va="center", fontsize=7)
+        if c["over_paged_floor"]:
+            fx = c["row"]["median_ms"] / c["over_paged_floor"] / c["limit_ms"]
+            ax.plot([fx, fx], [yi - 0.4, yi + 0.4], color="k", lw=1.5)
+    ax.axvline(1.0, color="k", lw=0.8, ls=":")
+    ax.set_yticks(y, [c["target"].what for c in cs], fontsize=7)
+    ax.set_xlabel("time / the time the target allows (black tick: the paged read floor of the same bytes)")
+    ax.set_xlim(0, max(1.6, max(c["row"]["median_ms"] / c["limit_ms"] for c in cs) * 1.35))
+    ax.set_title("issue-4 targets (default kernel per format)")
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,153 @@
+"""The performance targets of issue 4, read off a benchmark run's rows.
+
+Issue 4 sets its speed goals on the H200 as ratios measured by ``python -m kvlab bench decode
+prefill`` (decode: batch 32 × 8,192 tokens, 32 / 8 heads, d = 128, block 16; batch 1 × 128k for
+the copy fraction; prefill: a 4,096-token causal prompt). :data:`TARGETS` writes each goal down
+once; :func:`check` finds the row it is about in a run's rows and says whether it is met, and
+:func:`markdown_lines` renders that as the table ``results.md`` ends with (``kvlab.bench.cli``)
+and ``scripts/bench_targets.py`` prints for committed ``results.json`` files.
+
+Which row a target reads: the **default's kernel** — the kvlab row of that format and case whose
+notes say ``the default (auto) picks this kernel here`` (both suites mark it), else, for runs
+written before the mark existed, the fastest kvlab row of the format in that case (its ``impl``
+is named in the table, so the choice is visible). The whole-call rows of the decode target case
+(``(whole call, …)``) time the host too and are not what the targets measure.
+
+A target whose case or format is missing from the rows (a ``--quick`` run, another GPU, a suite
+not run) is reported as ``not measured``, never as met or missed.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+DEFAULT_MARK = "the default (auto) picks this kernel here"
+
+#: the paged read floor row of each format's bytes in the decode suite (``kvlab/bench/floors.py``)
+FLOOR_LABEL = {"auto": "auto bytes", "int8_per_token_head": "int8/fp8 bytes",
+               "fp8_per_token_head": "int8/fp8 bytes", "int4_per_token_head": "int4 bytes",
+               "nvfp4": "nvfp4 bytes"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """One goal: the row of ``fmt`` in ``suite``'s ``case`` has ``metric`` ``op`` ``limit``.
+
+    ``metric`` is a row key (``ratio_vs_baseline``: time / the suite's baseline, torch SDPA bf16;
+    ``frac_of_copy``: GB/s / the copy's GB/s on the same bytes); ``op`` is ``"<="`` or ``">="``."""
+    suite: str
+    case: str
+    fmt: str
+    metric: str
+    op: str
+    limit: float
+    what: str
+
+    def met(self, value: float) -> bool:
+        return value <= self.limit if self.op == "<=" else value >= self.limit
+
+
+_DEC = "B=32 L=8192 32/8 d=128"
+_PF = "T=4096 causal 32/8 d=128"
+TARGETS = (
+    Target("decode", _DEC, "int4_per_token_head", "ratio_vs_baseline", "<=", 0.32,
+           "decode 32 × 8k: int4 ≤ 0.32× SDPA bf16 (byte floor 0.266×)"),
+    Target("decode", _DEC, "nvfp4", "ratio_vs_baseline", "<=", 0.34,
+           "decode 32 × 8k: nvfp4 ≤ 0.34× SDPA bf16 (byte floor 0.281×)"),
+    Target("decode", _DEC, "int8_per_token_head", "ratio_vs_baseline", "<=", 0.58,
+           "decode 32 × 8k: int8 ≤ 0.58× SDPA bf16 (byte floor 0.52×)"),
+    Target("decode", _DEC, "fp8_per_token_head", "ratio_vs_baseline", "<=", 0.58,
+           "decode 32 × 8k: fp8 ≤ 0.58× SDPA bf16 (byte floor 0.52×)"),
+    Target("decode", _DEC, "auto", "ratio_vs_baseline", "<=", 1.10,
+           "decode 32 × 8k: kvlab auto within 1.1× SDPA bf16"),
+    Target("decode", "B=1 L=131072 32/8 d=128", "int4_per_token_head", "frac_of_copy", ">=", 0.75,
+           "decode 1 × 128k: int4 ≥ 0.75 of copy bandwidth"),
+    Target("prefill", _PF, "int4_per_token_head", "ratio_vs_baseline", "<=", 1.50,
+           "prefill 4k causal: int4 within 1.5× SDPA bf16"),
+    Target("prefill", _PF, "nvfp4", "ratio_vs_baseline", "<=", 1.50,
+           "prefill 4k causal: nvfp4 within 1.5× SDPA bf16"),
+)
+
+
+def _fmt_of(impl: str) -> str | None:
+    """``"kvlab int4_per_token_head [paged]"`` / ``"kvlab nvfp4 wgmma"`` -> the format name; None
+    for baselines, floors and the whole-call rows."""
+    if not impl.startswith("kvlab ") or "whole call" in impl:
+        return None
+    return impl.split()[1]
+
+
+def pick_row(rows, suite: str, case: str, fmt: str) -> dict | None:
+    """The row a target of ``fmt`` in ``case`` reads (module docstring): the default's kernel,
+    else the fastest kvlab row of the format; None when the run has no such row."""
+    mine = [r for r in rows if r.get("suite") == suite and r.get("case") == case
+            and _fmt_of(str(r.get("impl", ""))) == fmt and r.get("median_ms") is not None]
+    if not mine:
+        return None
+    marked = [r for r in mine if DEFAULT_MARK in str(r.get("notes") or "")]
+    return (marked or sorted(mine, key=lambda r: r["median_ms"]))[0]
+
+
+def _paged_floor_ms(rows, case: str, fmt: str) -> float | None:
+    label = FLOOR_LABEL.get(fmt)
+    for r in rows:
+        if (r.get("suite") == "decode" and r.get("case") == case
+                and r.get("impl") == f"paged read floor [{label}]"):
+            return r.get("median_ms")
+    return None
+
+
+def check(rows, targets=TARGETS) -> list[dict]:
+    """One dict per target: ``target`` (the :class:`Target`), ``row`` (the row read, or None),
+    ``value`` (its ``metric``, or None), ``status`` (``"met"``, ``"missed"`` or
+    ``"not measured"``), ``limit_ms`` (the most time the row may take to meet the limit: the
+    baseline's time × ``limit`` for a ratio, the time at ``limit`` of the copy's GB/s for a copy
+    fraction) and ``over_paged_floor`` (decode: the row's time over the paged
+    read floor of its bytes in the same run, else None)."""
+    out = []
+    for t in targets:
+        row = pick_row(rows, t.suite, t.case, t.fmt)
+        value = None if row is None else row.get(t.metric)
+        status = "not measured" if value is None else ("met" if t.met(value) else "missed")
+        limit_ms = over = None
+        if row is not None and value:
+            # the time at which the metric would sit on its limit: it is proportional to the
+            # time (ratio_vs_baseline) or to its inverse (frac_of_copy), at the row's bytes
+            limit_ms = (row["median_ms"] / value * t.limit if t.metric == "ratio_vs_baseline"
+                        else row["median_ms"] * value / t.limit)
+        if row is not None and t.suite == "decode":
+            fl = _paged_floor_ms(rows, t.case, t.fmt)
+            over = row["median_ms"] / fl if fl else None
+        out.append(dict(target=t, row=row, value=value, status=status, limit_ms=limit_ms,
+                        over_paged_floor=over))
+    return out
+
+
+def markdown_lines(rows, targets=TARGETS) -> list[str]:
+    """The targets as a Markdown table (a heading, then one line per target); [] when the rows
+    hold none of the targets' suites."""
+    suites = {r.get("suite") for r in rows}
+    checked = [c for c in check(rows, targets) if c["target"].suite in suites]
+    if not checked:
+        return []
+    lines = ["## issue-4 targets", "",
+             "Read off the rows above: the default's kernel per format (the row marked "
+             f"'{DEFAULT_MARK}', else the fastest; `kvlab/bench/targets.py`). The goals are set "
+             "for the H200.", "",
+             "| target | row | ms | measured | limit | limit ms | over paged floor | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for c in checked:
+        t, row = c["target"], c["row"]
+        unit = "×" if t.metric == "ratio_vs_baseline" else " of copy"
+        measured = "" if c["value"] is None else f"{c['value']:.2f}{unit}"
+        lines.append("| " + " | ".join([
+            t.what,
+            "" if row is None else str(row["impl"]).replace("|", "/"),
+            "" if row is None else f"{row['median_ms']:.4f}",
+            measured,
+            f"{'≤' if t.op == '<=' else '≥'} {t.limit:g}{unit}",
+            "" if c["limit_ms"] is None else f"{c['limit_ms']:.4f}",
+            "" if c["over_paged_floor"] is None else f"{c['over_paged_floor']:.2f}×",
+            f"**{c['status']}**" if c["status"] == "missed" else c["status"],
+        ]) + " |")
+    lines.append("")
+    return lines

@@ -1,0 +1,131 @@
+"""kvlab.bench.targets: issue 4's goals read off benchmark rows (CPU; the rows are data)."""
+import json
+from pathlib import Path
+
+import pytest
+
+from kvlab.bench import cli, targets
+
+ROOT = Path(__file__).resolve().parents[1]
+DEC = "B=32 L=8192 32/8 d=128"
+
+
+def _row(impl, ms, ratio, notes="", case=DEC, suite="decode", frac=None):
+    return dict(suite=suite, case=case, impl=impl, median_ms=ms, bytes=1, gbps=1.0,
+                frac_of_copy=frac, ratio_vs_baseline=ratio, notes=notes)
+
+
+def _int4_target():
+    return next(t for t in targets.TARGETS if t.suite == "decode" and t.fmt == "int4_per_token_head"
+                and t.metric == "ratio_vs_baseline")
+
+
+def test_the_default_kernel_is_read_even_when_another_is_faster():
+    rows = [_row("torch SDPA bf16 (baseline)", 0.25, 1.0),
+            _row("kvlab int4_per_token_head [per_head]", 0.070, 0.28),
+            _row("kvlab int4_per_token_head [paged]", 0.090, 0.36, notes="paged; " + targets.DEFAULT_MARK),
+            _row("kvlab int4_per_token_head (whole call, kept plan)", 0.010, 0.04)]
+    (c,) = targets.check(rows, [_int4_target()])
+    assert c["row"]["impl"] == "kvlab int4_per_token_head [paged]"
+    assert c["value"] == 0.36 and c["status"] == "missed"
+    assert c["limit_ms"] == pytest.approx(0.090 / 0.36 * 0.32)   # = SDPA's 0.25 ms × 0.32
+
+
+def test_without_a_mark_the_fastest_kvlab_row_is_read_and_whole_calls_never():
+    rows = [_row("kvlab int4_per_token_head [per_head]", 0.0790, 0.316),
+            _row("kvlab int4_per_token_head [paged]", 0.0800, 0.32),
+            _row("kvlab int4_per_token_head (whole call, planned afresh)", 0.001, 0.004),
+            _row("read floor [int4 bytes]", 0.0001, 0.0004)]
+    (c,) = targets.check(rows, [_int4_target()])
+    assert c["row"]["impl"] == "kvlab int4_per_token_head [per_head]" and c["status"] == "met"
+
+
+@pytest.mark.parametrize("value, status", [(0.32, "met"), (0.3201, "missed"), (0.1, "met")])
+def test_the_limit_itself_is_met(value, status):
+    (c,) = targets.check([_row("kvlab int4_per_token_head [paged]", 0.08, value)], [_int4_target()])
+    assert c["status"] == status
+
+
+def test_copy_fraction_target_and_paged_floor_distance():
+    t = next(t for t in targets.TARGETS if t.metric == "frac_of_copy")
+    assert (t.op, t.limit, t.fmt) == (">=", 0.75, "int4_per_token_head")
+    rows = [_row("kvlab int4_per_token_head [paged]", 0.0600, 0.43, targets.DEFAULT_MARK, case=t.case, frac=0.65),
+            _row("paged read floor [int4 bytes]", 0.0460, 0.34, case=t.case),
+            _row("paged read floor [nvfp4 bytes]", 0.0100, 0.1, case=t.case)]
+    (c,) = targets.check(rows, [t])
+    assert c["status"] == "missed" and c["value"] == 0.65
+    assert c["over_paged_floor"] == pytest.approx(0.0600 / 0.0460)
+    assert c["limit_ms"] == pytest.approx(0.0600 * 0.65 / 0.75)   # the time at 0.75 of copy
+    rows[0]["frac_of_copy"] = 0.75
+    assert targets.check(rows, [t])[0]["status"] == "met"
+
+
+def test_a_target_without_its_row_is_not_measured_and_never_met():
+    out = targets.check([_row("kvlab int4_per_token_head [paged]", 0.08, 0.30, case="B=1 L=1024 32/8 d=128")])
+    assert {c["status"] for c in out} == {"not measured"}
+    assert all(c["row"] is None and c["value"] is None for c in out)
+
+
+def test_markdown_section_only_for_suites_with_targets():
+    assert targets.markdown_lines([_row("x", 1.0, 1.0, suite="write")]) == []
+    md = cli.markdown([_row("kvlab int4_per_token_head [paged]", 0.08, 0.37, targets.DEFAULT_MARK)], {"gpu": "test"})
+    tail = md.split("## issue-4 targets")[1]
+    assert "| decode 32 × 8k: int4" in tail and "**missed**" in tail
+    assert "prefill 4k" not in tail            # the prefill suite did not run: no prefill lines
+    assert "not measured" in tail              # the other decode targets are missing from these rows
+
+
+def _committed_rows():
+    rows = []
+    for suite in ("decode", "prefill"):
+        rows += json.loads((ROOT / f"benchmarks/latest/{suite}/results.json").read_text())["rows"]
+    return rows
+
+
+def test_committed_runs_measure_every_target_on_the_default_kernel():
+    """The committed H200 tables hold every target's row, and each is the default's (marked)
+    kernel or, for the prefill run written before the mark, the fastest — the wgmma row, which is
+    the default on the H200 (compute capability 9.0)."""
+    rows = _committed_rows()
+    out = targets.check(rows)
+    assert len(out) == len(targets.TARGETS)
+    for c in out:
+        assert c["status"] in ("met", "missed"), c["target"]
+        assert c["value"] == c["row"][c["target"].metric]
+        if c["target"].suite == "decode":
+            assert targets.DEFAULT_MARK in c["row"]["notes"]
+            assert c["over_paged_floor"] and c["over_paged_floor"] > 0.9
+        else:
+            assert c["row"]["impl"].endswith(" wgmma")
+
+
+def test_script_prints_the_committed_table(capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("bench_targets", ROOT / "scripts/bench_targets.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([]) == 0
+    out = capsys.readouterr().out
+    assert out.count("| decode ") == 6 and out.count("| prefill ") == 2
+    assert "H200" in out
+    assert mod.main([str(ROOT / "nonexistent.json")]) == 2
+
+
+def test_targets_plot_draws_one_bar_per_measured_target():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvlab.lab.bench_view import latest_results, targets_plot
+
+    assert targets_plot([_row("x", 1.0, 1.0, suite="write")]) is None
+    env, rows = latest_results()
+    fig = targets_plot(rows)
+    ax = fig.axes[0]
+    assert len(ax.patches) == len(targets.TARGETS)
+    limits = {c["target"].what: c for c in targets.check(rows)}
+    label_at = {round(float(y)): t.get_text() for y, t in zip(ax.get_yticks(), ax.get_yticklabels())}
+    for bar in ax.patches:
+        c = limits[label_at[round(bar.get_y() + bar.get_height() / 2)]]
+        assert bar.get_width() == pytest.approx(c["row"]["median_ms"] / c["limit_ms"])
+        assert (bar.get_width() <= 1.0 + 1e-12) == (c["status"] == "met")
