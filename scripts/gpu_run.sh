@@ -116,5 +116,8 @@ echo "pytest: $(grep -E '[0-9]+ (passed|failed)' "$OUT/pytest.log" | tail -1)"
 for f in "$OUT"/bench_*/results.md; do
   [ -f "$f" ] && echo "# $(basename "$(dirname "$f")")" && sed -n '/^## /,$p' "$f" | grep -E "^## |b=32|B=32|T=65536|1048576 rows x d=128|4096|131072|prefill" | head -40
 done
+# issue 4's targets over every suite that ran (kvlab/bench/targets.py; exit 1 when none has targets)
+js=$(ls "$OUT"/bench_*/results.json 2>/dev/null)
+[ -n "$js" ] && { python3 scripts/bench_targets.py $js | sed -n '/^| target/,$p' || true; }
 tar czf "$FINAL_OUT/gpu_run.tgz" -C "$OUT" . && echo "results: gpu_run.tgz ($(du -h "$FINAL_OUT/gpu_run.tgz" | cut -f1))"
 exit 0
