@@ -74,10 +74,21 @@ def _distinct_sizes(d):
     return sizes
 
 
+def _size_label(names):
+    """``"int8/fp8"``: the formats sharing one cache size, as the floor rows' ``[… bytes]`` name them."""
+    return "/".join(n.replace("_per_token_head", "") for n in names)
+
+
+def floor_label(name, d):
+    """The ``[… bytes]`` label of the floor rows that read format ``name``'s cache bytes at head
+    size ``d`` (e.g. ``"int8/fp8"``; the formats of equal row bytes share their floor rows)."""
+    return _size_label(_distinct_sizes(d)[_row_bytes(name, d)])
+
+
 def _floor_rows(torch, case, B, ctx, Hkv, d, names, row_bytes, k_c, v_c, q_c, scale, base_ms, repeats):
     """The read floor, the paged read floor and (quantized formats) SDPA-at-equal-bytes rows of one
     cache size: ``((read floor ms, paged read floor ms), rows)``."""
-    label = "/".join(n.replace("_per_token_head", "") for n in names)
+    label = _size_label(names)
     nbytes = 2 * B * ctx * Hkv * row_bytes
     block = 2 * BLOCK_SIZE * Hkv * row_bytes
     rows, times = [], []

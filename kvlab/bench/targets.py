@@ -22,11 +22,6 @@ import dataclasses
 
 DEFAULT_MARK = "the default (auto) picks this kernel here"
 
-#: the paged read floor row of each format's bytes in the decode suite (``kvlab/bench/floors.py``)
-FLOOR_LABEL = {"auto": "auto bytes", "int8_per_token_head": "int8/fp8 bytes",
-               "fp8_per_token_head": "int8/fp8 bytes", "int4_per_token_head": "int4 bytes",
-               "nvfp4": "nvfp4 bytes"}
-
 
 @dataclasses.dataclass(frozen=True)
 class Target:
@@ -88,10 +83,14 @@ def pick_row(rows, suite: str, case: str, fmt: str) -> dict | None:
 
 
 def _paged_floor_ms(rows, case: str, fmt: str) -> float | None:
-    label = FLOOR_LABEL.get(fmt)
+    """The decode suite's paged read floor of ``fmt``'s bytes in ``case`` (its head size from the
+    case name, ``… d=128``), or None."""
+    from .suite_decode import floor_label   # suite_decode imports this module
+
+    label = floor_label(fmt, int(case.rsplit("d=", 1)[1]))
     for r in rows:
         if (r.get("suite") == "decode" and r.get("case") == case
-                and r.get("impl") == f"paged read floor [{label}]"):
+                and r.get("impl") == f"paged read floor [{label} bytes]"):
             return r.get("median_ms")
     return None
 
