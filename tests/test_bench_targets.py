@@ -75,6 +75,49 @@ def test_markdown_section_only_for_suites_with_targets():
     assert "not measured" in tail              # the other decode targets are missing from these rows
 
 
+def _model_rows(slope=1.02, fixed_ms=0.010, floors=(0.02, 0.05, 0.1, 0.3, 0.6), small=0.006):
+    """int4 paged rows exactly on ``slope · floor + fixed`` over cases of those paged floors, plus
+    one case with a floor below the fit's minimum whose kernel time is far off the line."""
+    rows = []
+    for i, fl in enumerate((*floors, small)):
+        case = DEC if i == 0 else f"B={i} L=8192 32/8 d=128"
+        ms = slope * fl + fixed_ms if fl != small else 10 * small
+        rows += [_row("kvlab int4_per_token_head [paged]", ms, ms / 0.25, targets.DEFAULT_MARK, case=case),
+                 _row("paged read floor [int4 bytes]", fl, fl / 0.25, case=case),
+                 _row("paged read floor [int8/fp8 bytes]", 2 * fl, 2 * fl / 0.25, case=case)]
+    return rows
+
+
+def test_cost_model_recovers_slope_and_fixed_cost_and_skips_small_floors():
+    m = targets.cost_model(_model_rows(), "kvlab int4_per_token_head [paged]")
+    assert m["n"] == 5                          # the 6 µs floor's case is not fitted (its time is off the line)
+    assert m["slope"] == pytest.approx(1.02, rel=1e-9)
+    assert m["fixed_us"] == pytest.approx(10.0, rel=1e-7)
+    assert m["max_resid_us"] < 1e-6
+    # the int4 floor row is the one read, not int8's twice-as-large one
+    assert sorted(c[1] for c in m["cases"]) == [0.02, 0.05, 0.1, 0.3, 0.6]
+    assert targets.cost_model(_model_rows(), "torch SDPA bf16 (baseline)") is None
+
+
+def test_cost_model_needs_three_cases_of_different_floors():
+    assert targets.cost_model(_model_rows(floors=(0.02, 0.05)), "kvlab int4_per_token_head [paged]") is None
+    assert targets.cost_model(_model_rows(floors=(0.05, 0.05, 0.05)), "kvlab int4_per_token_head [paged]") is None
+
+
+def test_check_gives_the_fixed_cost_the_limit_leaves():
+    (c,) = targets.check(_model_rows(), [_int4_target()])
+    # SDPA is 0.25 ms in every row (ratio = ms / 0.25): limit 0.32 × 0.25 = 0.08 ms; floor 0.02 ms
+    assert c["limit_ms"] == pytest.approx(0.08)
+    assert c["fixed_allowed_us"] == pytest.approx(1e3 * (0.08 - 1.02 * 0.02))
+    assert c["model"]["fixed_us"] == pytest.approx(10.0)
+    md = "\n".join(targets.markdown_lines(_model_rows(), [_int4_target()]))
+    assert "### what the decode targets leave" in md and "| 1.020 | 10.0 | 0.0 | 59.6 |" in md
+    (p,) = [t for t in targets.TARGETS if t.suite == "prefill" and t.fmt == "nvfp4"]
+    (c,) = targets.check([_row("kvlab nvfp4 wgmma", 0.3, 1.2, suite="prefill", case=p.case)], [p])
+    assert c["model"] is None and c["fixed_allowed_us"] is None
+    assert "### what the decode" not in "\n".join(targets.markdown_lines([c["row"]], [p]))
+
+
 def _committed_rows():
     rows = []
     for suite in ("decode", "prefill"):
@@ -95,6 +138,10 @@ def test_committed_runs_measure_every_target_on_the_default_kernel():
         if c["target"].suite == "decode":
             assert targets.DEFAULT_MARK in c["row"]["notes"]
             assert c["over_paged_floor"] and c["over_paged_floor"] > 0.9
+            # the grid has enough cases for the cost model of every decode kernel, and a line
+            # describes each of them to within a few µs (the fit is a summary, not a stretch)
+            m = c["model"]
+            assert m["n"] >= 10 and m["max_resid_us"] < 10 and 0.9 < m["slope"] < 2.0
         else:
             assert c["row"]["impl"].endswith(" wgmma")
 
@@ -107,7 +154,9 @@ def test_script_prints_the_committed_table(capsys):
     spec.loader.exec_module(mod)
     assert mod.main([]) == 0
     out = capsys.readouterr().out
-    assert out.count("| decode ") == 6 and out.count("| prefill ") == 2
+    table, costs = out.split("### what the decode targets leave")
+    assert table.count("| decode ") == 6 and table.count("| prefill ") == 2
+    assert costs.count("| decode ") == 6 and "| prefill " not in costs
     assert "H200" in out
     assert mod.main([str(ROOT / "nonexistent.json")]) == 2
 
@@ -129,3 +178,24 @@ def test_targets_plot_draws_one_bar_per_measured_target():
         c = limits[label_at[round(bar.get_y() + bar.get_height() / 2)]]
         assert bar.get_width() == pytest.approx(c["row"]["median_ms"] / c["limit_ms"])
         assert (bar.get_width() <= 1.0 + 1e-12) == (c["status"] == "met")
+
+
+def test_cost_plot_one_panel_per_decode_target_with_its_fit():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from kvlab.lab.bench_view import cost_plot, latest_results
+
+    assert cost_plot([_row("x", 1.0, 1.0, suite="write")]) is None
+    env, rows = latest_results()
+    fig = cost_plot(rows)
+    checked = [c for c in targets.check(rows) if c["model"] is not None]
+    panels = [ax for ax in fig.axes if ax.has_data()]
+    assert len(panels) == len(checked) == 6
+    for ax, c in zip(panels, checked):
+        pts = ax.collections[0].get_offsets()
+        assert len(pts) == c["model"]["n"]
+        cross = ax.lines[1]
+        floor = c["row"]["median_ms"] / c["over_paged_floor"]
+        assert cross.get_xdata()[0] == pytest.approx(floor)
+        assert cross.get_ydata()[0] == pytest.approx(1e3 * (c["limit_ms"] - floor))

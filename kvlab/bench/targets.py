@@ -15,6 +15,13 @@ is named in the table, so the choice is visible). The whole-call rows of the dec
 
 A target whose case or format is missing from the rows (a ``--quick`` run, another GPU, a suite
 not run) is reported as ``not measured``, never as met or missed.
+
+Why a decode target is missed: :func:`cost_model` fits, per decode kernel, its time over every case
+of the run as ``slope × (the paged read floor of the same bytes) + fixed`` — the loop's cost per
+byte against a pure reader's, and what a call costs beyond that whatever its size (the split
+merge, the start before the first data, the epilogue, the idle SMs). Each decode target then
+says how much fixed cost it leaves at the fitted slope (:func:`check`'s ``fixed_allowed_us``),
+to be set against the fitted ``fixed``.
 """
 from __future__ import annotations
 
@@ -95,19 +102,59 @@ def _paged_floor_ms(rows, case: str, fmt: str) -> float | None:
     return None
 
 
+#: the cost model's cases: a paged floor of at least this many ms. Shorter calls (batch 1 × 1k:
+#: 8 CTAs) do not fill the GPU, so their kernel is not streaming at the rate the floor's reader
+#: (which picks its own CTA count) gets, and they would weigh the fit with something else.
+FIT_MIN_FLOOR_MS = 0.015
+
+
+def cost_model(rows, impl: str) -> dict | None:
+    """Least-squares fit of the decode kernel ``impl`` (e.g. ``"kvlab int4_per_token_head
+    [paged]"``) over the run's cases: ``median_ms ≈ slope · floor_ms + fixed_ms``, ``floor_ms``
+    the paged read floor of the format's bytes in the same case (cases whose floor is below
+    :data:`FIT_MIN_FLOOR_MS` are left out). Returns ``slope``, ``fixed_us``, ``max_resid_us`` (the
+    largest |measured − fitted|), ``n`` (cases) and ``cases`` (``(case, floor_ms, ms)``), or None
+    with fewer than 3 cases or floors all alike (nothing to fit a line to)."""
+    fmt = _fmt_of(impl)
+    if fmt is None:
+        return None
+    pts = []
+    for r in rows:
+        if r.get("suite") != "decode" or r.get("impl") != impl or r.get("median_ms") is None:
+            continue
+        fl = _paged_floor_ms(rows, r["case"], fmt)
+        if fl is not None and fl >= FIT_MIN_FLOOR_MS:
+            pts.append((r["case"], fl, r["median_ms"]))
+    if len(pts) < 3:
+        return None
+    n = len(pts)
+    mx = sum(p[1] for p in pts) / n
+    my = sum(p[2] for p in pts) / n
+    sxx = sum((p[1] - mx) ** 2 for p in pts)
+    if sxx <= 1e-12 * max(mx * mx, 1e-30):
+        return None
+    slope = sum((p[1] - mx) * (p[2] - my) for p in pts) / sxx
+    fixed = my - slope * mx
+    resid = max(abs(p[2] - (slope * p[1] + fixed)) for p in pts)
+    return dict(impl=impl, slope=slope, fixed_us=1e3 * fixed, max_resid_us=1e3 * resid, n=n, cases=pts)
+
+
 def check(rows, targets=TARGETS) -> list[dict]:
     """One dict per target: ``target`` (the :class:`Target`), ``row`` (the row read, or None),
     ``value`` (its ``metric``, or None), ``status`` (``"met"``, ``"missed"`` or
     ``"not measured"``), ``limit_ms`` (the most time the row may take to meet the limit: the
     baseline's time × ``limit`` for a ratio, the time at ``limit`` of the copy's GB/s for a copy
-    fraction) and ``over_paged_floor`` (decode: the row's time over the paged
-    read floor of its bytes in the same run, else None)."""
+    fraction), ``over_paged_floor`` (decode: the row's time over the paged
+    read floor of its bytes in the same run, else None), ``model`` (decode: :func:`cost_model` of
+    the row's kernel over the run, else None) and ``fixed_allowed_us`` (decode: the fixed cost
+    the limit leaves at the model's slope, ``limit_ms − slope · floor``, in µs; negative when even
+    a call without fixed costs would miss; else None)."""
     out = []
     for t in targets:
         row = pick_row(rows, t.suite, t.case, t.fmt)
         value = None if row is None else row.get(t.metric)
         status = "not measured" if value is None else ("met" if t.met(value) else "missed")
-        limit_ms = over = None
+        limit_ms = over = model = allowed = None
         if row is not None and value:
             # the time at which the metric would sit on its limit: it is proportional to the
             # time (ratio_vs_baseline) or to its inverse (frac_of_copy), at the row's bytes
@@ -116,8 +163,11 @@ def check(rows, targets=TARGETS) -> list[dict]:
         if row is not None and t.suite == "decode":
             fl = _paged_floor_ms(rows, t.case, t.fmt)
             over = row["median_ms"] / fl if fl else None
+            model = cost_model(rows, row["impl"])
+            if model is not None and fl and limit_ms is not None:
+                allowed = 1e3 * (limit_ms - model["slope"] * fl)
         out.append(dict(target=t, row=row, value=value, status=status, limit_ms=limit_ms,
-                        over_paged_floor=over))
+                        over_paged_floor=over, model=model, fixed_allowed_us=allowed))
     return out
 
 
@@ -147,6 +197,30 @@ def markdown_lines(rows, targets=TARGETS) -> list[str]:
             "" if c["limit_ms"] is None else f"{c['limit_ms']:.4f}",
             "" if c["over_paged_floor"] is None else f"{c['over_paged_floor']:.2f}×",
             f"**{c['status']}**" if c["status"] == "missed" else c["status"],
+        ]) + " |")
+    lines.append("")
+    lines += _cost_lines(checked)
+    return lines
+
+
+def _cost_lines(checked) -> list[str]:
+    """The cost-model table under the targets (decode targets with a model only)."""
+    cs = [c for c in checked if c["model"] is not None and c["fixed_allowed_us"] is not None]
+    if not cs:
+        return []
+    lines = ["### what the decode targets leave for a call's fixed costs", "",
+             "Each kernel's time over every case of this run with a paged floor ≥ "
+             f"{1e3 * FIT_MIN_FLOOR_MS:g} µs, fitted as `slope × paged floor + fixed` "
+             "(`targets.cost_model`); `allowed` is the fixed cost the target's limit leaves at "
+             "that slope (`limit ms − slope × floor`): below the fitted `fixed`, the target needs "
+             "the call's fixed costs cut to it (negative: the loop alone would miss).", "",
+             "| target | kernel | cases | slope | fixed µs | max resid µs | allowed µs |",
+             "|---|---|---|---|---|---|---|"]
+    for c in cs:
+        m = c["model"]
+        lines.append("| " + " | ".join([
+            c["target"].what, str(m["impl"]).replace("|", "/"), str(m["n"]), f"{m['slope']:.3f}",
+            f"{m['fixed_us']:.1f}", f"{m['max_resid_us']:.1f}", f"{c['fixed_allowed_us']:.1f}",
         ]) + " |")
     lines.append("")
     return lines

@@ -109,3 +109,47 @@ def targets_plot(rows):
     ax.set_title("issue-4 targets (default kernel per format)")
     fig.tight_layout()
     return fig
+
+
+def cost_plot(rows):
+    """Where each decode target's kernel spends its time beyond a pure reader: one panel per
+    decode target whose kernel has a cost model (:func:`kvlab.bench.targets.cost_model`), its
+    time minus the paged read floor of the same bytes (µs) in every fitted case against that floor
+    (ms), the fitted ``(slope − 1) · floor + fixed`` as a line, and the most the target allows at
+    its own case as a red cross (the target needs its case's point at or below the cross).
+    Returns the figure; None when ``rows`` hold no decode target with a model."""
+    import matplotlib.ticker
+    import matplotlib.pyplot as plt
+
+    from kvlab.bench import targets
+
+    cs = [c for c in targets.check(rows) if c["model"] is not None and c["fixed_allowed_us"] is not None]
+    if not cs:
+        return None
+    ncol = min(3, len(cs))
+    nrow = -(-len(cs) // ncol)
+    fig, axes = plt.subplots(nrow, ncol, figsize=(4.2 * ncol, 3.2 * nrow), squeeze=False)
+    for ax, c in zip(axes.flat, cs):
+        m = c["model"]
+        fl = [p[1] for p in m["cases"]]
+        ax.scatter(fl, [1e3 * (p[2] - p[1]) for p in m["cases"]], s=14, color="tab:blue", label="cases")
+        lo, hi = min(fl), max(fl)
+        xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]   # a straight line, drawn on a log axis
+        ax.plot(xs, [1e3 * (m["slope"] - 1) * x + m["fixed_us"] for x in xs], color="tab:blue", lw=1,
+                label=f"fit: {m['slope']:.3f}× floor + {m['fixed_us']:.1f} µs")
+        floor = c["row"]["median_ms"] / c["over_paged_floor"]
+        ax.plot([floor], [1e3 * (c["limit_ms"] - floor)], "x", color="tab:red", ms=9, mew=2,
+                label=f"target's most: {1e3 * (c['limit_ms'] - floor):.1f} µs")
+        ax.axhline(0, color="k", lw=0.6, ls=":")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_title(c["target"].what.split(":")[0] + ": " + m["impl"].split()[1], fontsize=8)
+        ax.set_xlabel("paged read floor (ms)", fontsize=8)
+        ax.set_ylabel("time − floor (µs)", fontsize=8)
+        ax.legend(fontsize=6)
+    for ax in list(axes.flat)[len(cs):]:
+        ax.axis("off")
+    fig.suptitle("decode: the time beyond a pure reader of the same cache", fontsize=10)
+    fig.tight_layout()
+    return fig
