@@ -1235,11 +1235,12 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
       for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
     }
   };
-#ifdef KVLAB_DECODE_MERGE_ONEPASS
-  // A/B (docs/perf-notes.md "Session 28"; measured on an H100 only: −0.3 … −1.4 µs per call with
-  // a merge): the warp's first run of RU parts (m and o rows) is loaded before the (m, l) pass, so
-  // both are in flight together — one L2 round trip fewer per column (a column of at most RU
-  // parts, B = 32 × 8k's 4, then costs one round trip in all)
+#ifndef KVLAB_DECODE_MERGE_TWOPASS
+  // the warp's first run of RU parts (m and o rows) is loaded before the (m, l) pass, so both are
+  // in flight together — one L2 round trip fewer per column (a column of at most RU parts, B = 32
+  // × 8k's 4, then costs one round trip in all): −0.3 … −1.4 µs per call with a merge (H100,
+  // session 28; H200, session 29: docs/perf-notes.md). -DKVLAB_DECODE_MERGE_TWOPASS keeps the
+  // earlier order, every run loaded after the (m, l) pass (A/B).
   const int first = (SPLIT ? warp : 0) * RU;   // this warp's first run of parts
   float mp1[RU], o1[RU][E];
   load_run(first, mp1, o1);
@@ -1274,7 +1275,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   for (int j = 0; j < E; ++j) x[j] = 0.f;
   constexpr int NSL = SPLIT ? NCOL : 1;   // warps sharing a column
   for (int p0 = (SPLIT ? warp : 0) * RU; p0 < nparts; p0 += NSL * RU) {
-#ifdef KVLAB_DECODE_MERGE_ONEPASS
+#ifndef KVLAB_DECODE_MERGE_TWOPASS
     if (p0 != first) load_run(p0, mp1, o1);   // the first run is in already
     float (&mp)[RU] = mp1;
     float (&o)[RU][E] = o1;

@@ -528,7 +528,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS",
-                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_ONEPASS"]
+                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS"]
 
 
 @pytest.mark.parametrize("arch, opts", [("sm_90", ""), ("sm_80", "")] +
@@ -590,12 +590,13 @@ def test_decode_probe_builds(opts, ok, monkeypatch):
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 128, __nv_bfloat16>", opts, ok)
 
 
-@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_MERGE_PROBE", "-DKVLAB_DECODE_MERGE_ONEPASS"])
+@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_MERGE_PROBE", "-DKVLAB_DECODE_MERGE_TWOPASS"])
 @pytest.mark.parametrize("split", ["true", "false"])
 def test_merge_switch_builds(opts, split, monkeypatch):
     """The split merge's session-28 builds compile (docs/perf-notes.md "Session 28"): the
-    measurement-only probe (launched and released, then nothing read or written) and the one-pass
-    order (each warp's first run of parts loaded before the (m, l) pass), both merge forms."""
+    measurement-only probe (launched and released, then nothing read or written) and the two-pass
+    order (the default before session 29: every run of parts loaded after the (m, l) pass), both
+    merge forms."""
     _check_ptx_build(monkeypatch, "paged_attention", f"paged_attention_reduce<128, __nv_bfloat16, true, {split}>",
                      opts, True)
 
