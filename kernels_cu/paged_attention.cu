@@ -1239,8 +1239,9 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   // the warp's first run of RU parts (m and o rows) is loaded before the (m, l) pass, so both are
   // in flight together — one L2 round trip fewer per column (a column of at most RU parts, B = 32
   // × 8k's 4, then costs one round trip in all): −0.3 … −1.4 µs per call with a merge (H100,
-  // session 28, docs/perf-notes.md; the H200 run is still due). -DKVLAB_DECODE_MERGE_TWOPASS keeps
-  // the earlier order, every run loaded after the (m, l) pass (A/B).
+  // session 28); on the H200 (session 30, A B A B) B = 32 × 8k −0.8 … −1.4 µs for every format,
+  // batch 1 × 128k −0.3 … −0.6 µs (docs/perf-notes.md). -DKVLAB_DECODE_MERGE_TWOPASS keeps the
+  // earlier order, every run loaded after the (m, l) pass (A/B).
   const int first = (SPLIT ? warp : 0) * RU;   // this warp's first run of parts
   float mp1[RU], o1[RU][E];
   load_run(first, mp1, o1);
