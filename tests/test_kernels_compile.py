@@ -595,7 +595,7 @@ def test_decode_probe_builds(opts, ok, monkeypatch):
 def test_merge_switch_builds(opts, split, monkeypatch):
     """The split merge's session-28 builds compile (docs/perf-notes.md "Session 28"): the
     measurement-only probe (launched and released, then nothing read or written) and the two-pass
-    order (the default before session 29: every run of parts loaded after the (m, l) pass), both
+    order (the default before session 30: every run of parts loaded after the (m, l) pass), both
     merge forms."""
     _check_ptx_build(monkeypatch, "paged_attention", f"paged_attention_reduce<128, __nv_bfloat16, true, {split}>",
                      opts, True)
