@@ -7,8 +7,12 @@ process on the target cases (docs/perf-notes.md "Session 28"):
   fused into the decode's last CTA, flags, clusters — could save at most.
 * **the idle SMs' share**: the paged read floor's fastest ring form (``floors.paged_floor_configs``)
   reading the case's bytes with one CTA per SM (the SM count) against the same form with as many
-  CTAs as the plan launches (B = 32 × 8k: 128 for 132 SMs), equal bytes per CTA. The difference is
-  what a work list that keeps every SM busy could save a pure reader.
+  CTAs as the plan launches (B = 32 × 8k: 128 for 132 SMs), equal bytes per CTA. Where that form
+  runs two CTAs per SM, "all slots" is 264 CTAs against the plan's 128 at one per SM: the
+  difference then mixes the 4 idle SMs with half the bytes in flight per SM, an upper bound
+  (session 30). So a second pair isolates the SM count: the fastest **one-CTA-per-SM** form at
+  one CTA per SM against the same form at the plan's CTA count (only where the plan launches at
+  most one CTA per SM; the dual-ring decode CTA holds its SM alone, as this form's CTA does).
 
     python3 scripts/decode_ceiling.py [--repeats 30] [--out DIR] [--cases 32x8192,1x131072,64x4096]
                                       [--formats int4_per_token_head,nvfp4,...]
@@ -68,8 +72,9 @@ def main() -> int:
     Hq, Hkv, d = 32, 8, 128
     n_sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
     lines = ["| case | format | plan CTAs | call ms (A/A) | no merge ms (B/B) | merge share µs | "
-             "probe 1/SM ms | probe at plan CTAs ms | idle-SM share µs | probe form |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "probe 1/SM ms | probe at plan CTAs ms | idle-SM share µs | probe form | "
+             "1-CTA/SM form: all SMs / plan CTAs ms | idle SMs alone µs |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     rows = []
     for case in args.cases.split(","):
         B, ctx = (int(x) for x in case.split("x"))
@@ -98,18 +103,33 @@ def main() -> int:
                 for key, g in (("full", grid_full), ("plan", grid_plan)):
                     ms, nread = probe_ms(cfg, g, nbytes, src, args.repeats)
                     p[key].append(ms * nbytes / nread)
+            # the SM count alone: the fastest form with one CTA per SM, n_sm CTAs against the plan's
+            one = {"full": [], "plan": []}
+            one_cfg = None
+            if plan.n_items <= n_sm:
+                ones = [c for c in floors.paged_floor_configs(block) if c.ctas_per_sm == 1]
+                if ones:
+                    one_cfg = min(ones, key=lambda c: probe_ms(c, n_sm, nbytes, src, args.repeats)[0])
+                    for _ in range(2):
+                        for key, g in (("full", n_sm), ("plan", plan.n_items)):
+                            ms, nread = probe_ms(one_cfg, g, nbytes, src, args.repeats)
+                            one[key].append(ms * nbytes / nread)
             floors.release()
             row = dict(case=f"B={B} L={ctx}", format=name, plan_ctas=plan.n_items, n_red=plan.n_red,
                        variant=plan.decode_variant, call_ms=t["call"], bare_ms=t["bare"],
                        probe_full_ms=p["full"], probe_plan_ms=p["plan"], probe_config=cfg.name,
-                       grid_full=grid_full, grid_plan=grid_plan, paged_floor_ms=pf["median_ms"])
+                       grid_full=grid_full, grid_plan=grid_plan, paged_floor_ms=pf["median_ms"],
+                       one_cta_config=one_cfg.name if one_cfg else None, one_cta_full_ms=one["full"],
+                       one_cta_plan_ms=one["plan"])
             rows.append(row)
             mc, mb = (sum(v) / 2 for v in (t["call"], t["bare"]))
             pfm, ppm = (sum(v) / 2 for v in (p["full"], p["plan"]))
             lines.append(f"| B={B} × {ctx} | {name} | {plan.n_items} ({plan.decode_variant}, {plan.n_red} merges) | "
                          f"{t['call'][0]:.4f} / {t['call'][1]:.4f} | {t['bare'][0]:.4f} / {t['bare'][1]:.4f} | "
                          f"{(mc - mb) * 1e3:.1f} | {p['full'][0]:.4f} / {p['full'][1]:.4f} ({grid_full}) | "
-                         f"{p['plan'][0]:.4f} / {p['plan'][1]:.4f} ({grid_plan}) | {(ppm - pfm) * 1e3:.1f} | {cfg.name} |")
+                         f"{p['plan'][0]:.4f} / {p['plan'][1]:.4f} ({grid_plan}) | {(ppm - pfm) * 1e3:.1f} | {cfg.name} | "
+                         + (f"{sum(one['full']) / 2:.4f} / {sum(one['plan']) / 2:.4f} ({one_cfg.name}) | "
+                            f"{(sum(one['plan']) - sum(one['full'])) / 2 * 1e3:.1f} |" if one_cfg else "n/a | n/a |"))
             print(lines[-1], flush=True)
             del cache, out, plan, bare
         del b
