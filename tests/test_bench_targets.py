@@ -55,6 +55,7 @@ def test_copy_fraction_target_and_paged_floor_distance():
     (c,) = targets.check(rows, [t])
     assert c["status"] == "missed" and c["value"] == 0.65
     assert c["over_paged_floor"] == pytest.approx(0.0600 / 0.0460)
+    assert c["paged_floor_ms"] == 0.0460   # the int4 floor row, not nvfp4's
     assert c["limit_ms"] == pytest.approx(0.0600 * 0.65 / 0.75)   # the time at 0.75 of copy
     rows[0]["frac_of_copy"] = 0.75
     assert targets.check(rows, [t])[0]["status"] == "met"

@@ -144,8 +144,8 @@ def check(rows, targets=TARGETS) -> list[dict]:
     ``value`` (its ``metric``, or None), ``status`` (``"met"``, ``"missed"`` or
     ``"not measured"``), ``limit_ms`` (the most time the row may take to meet the limit: the
     baseline's time × ``limit`` for a ratio, the time at ``limit`` of the copy's GB/s for a copy
-    fraction), ``over_paged_floor`` (decode: the row's time over the paged
-    read floor of its bytes in the same run, else None), ``model`` (decode: :func:`cost_model` of
+    fraction), ``paged_floor_ms`` (decode: the paged read floor of the row's bytes in the same
+    run, else None), ``over_paged_floor`` (the row's time over it, else None), ``model`` (decode: :func:`cost_model` of
     the row's kernel over the run, else None) and ``fixed_allowed_us`` (decode: the fixed cost
     the limit leaves at the model's slope, ``limit_ms − slope · floor``, in µs; negative when even
     a call without fixed costs would miss; else None)."""
@@ -154,7 +154,7 @@ def check(rows, targets=TARGETS) -> list[dict]:
         row = pick_row(rows, t.suite, t.case, t.fmt)
         value = None if row is None else row.get(t.metric)
         status = "not measured" if value is None else ("met" if t.met(value) else "missed")
-        limit_ms = over = model = allowed = None
+        limit_ms = fl = over = model = allowed = None
         if row is not None and value:
             # the time at which the metric would sit on its limit: it is proportional to the
             # time (ratio_vs_baseline) or to its inverse (frac_of_copy), at the row's bytes
@@ -167,7 +167,8 @@ def check(rows, targets=TARGETS) -> list[dict]:
             if model is not None and fl and limit_ms is not None:
                 allowed = 1e3 * (limit_ms - model["slope"] * fl)
         out.append(dict(target=t, row=row, value=value, status=status, limit_ms=limit_ms,
-                        over_paged_floor=over, model=model, fixed_allowed_us=allowed))
+                        paged_floor_ms=fl, over_paged_floor=over, model=model,
+                        fixed_allowed_us=allowed))
     return out
 
 

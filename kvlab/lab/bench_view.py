@@ -99,8 +99,8 @@ def targets_plot(rows):
         x = c["row"]["median_ms"] / c["limit_ms"]
         ax.barh(yi, x, color="tab:green" if c["status"] == "met" else "tab:red", alpha=0.75)
         ax.text(x, yi, f"  {c['row']['median_ms']:.4f} ms ({c['status']})", va="center", fontsize=7)
-        if c["over_paged_floor"]:
-            fx = c["row"]["median_ms"] / c["over_paged_floor"] / c["limit_ms"]
+        if c["paged_floor_ms"]:
+            fx = c["paged_floor_ms"] / c["limit_ms"]
             ax.plot([fx, fx], [yi - 0.4, yi + 0.4], color="k", lw=1.5)
     ax.axvline(1.0, color="k", lw=0.8, ls=":")
     ax.set_yticks(y, [c["target"].what for c in cs], fontsize=7)
@@ -137,7 +137,7 @@ def cost_plot(rows):
         xs = [lo * (hi / lo) ** (i / 40) for i in range(41)]   # a straight line, drawn on a log axis
         ax.plot(xs, [1e3 * (m["slope"] - 1) * x + m["fixed_us"] for x in xs], color="tab:blue", lw=1,
                 label=f"fit: {m['slope']:.3f}× floor + {m['fixed_us']:.1f} µs")
-        floor = c["row"]["median_ms"] / c["over_paged_floor"]
+        floor = c["paged_floor_ms"]
         ax.plot([floor], [1e3 * (c["limit_ms"] - floor)], "x", color="tab:red", ms=9, mew=2,
                 label=f"target's most: {1e3 * (c['limit_ms'] - floor):.1f} µs")
         ax.axhline(0, color="k", lw=0.6, ls=":")
