@@ -52,6 +52,16 @@ def probe_ms(cfg, grid, nbytes, src, repeats):
     return r["median_ms"], nread
 
 
+def case_arrays(kvlab, torch, b, name, Hkv, d):
+    """The case ``b`` (``build_batch``) written into a fresh ``name`` cache: the five arguments of
+    ``plan_paged_attention`` / ``AttentionPlan.run`` and an output buffer shaped like q."""
+    from kvlab.bench.suite_decode import BLOCK_SIZE
+
+    cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, Hkv, d, like=b["key"])
+    kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
+    return (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"]), torch.empty_like(b["q"])
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=30)
@@ -80,10 +90,7 @@ def main() -> int:
         B, ctx = (int(x) for x in case.split("x"))
         b = build_batch(torch, B, ctx, Hq, Hkv, d)
         for name in args.formats.split(","):
-            cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, Hkv, d, like=b["key"])
-            kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
-            a = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
-            out = torch.empty_like(b["q"])
+            a, out = case_arrays(kvlab, torch, b, name, Hkv, d)
             plan = plan_paged_attention(*a, name)
             bare = dataclasses.replace(plan, n_red=0)
             t = {"call": [], "bare": []}
@@ -131,7 +138,7 @@ def main() -> int:
                          + (f"{sum(one['full']) / 2:.4f} / {sum(one['plan']) / 2:.4f} ({one_cfg.name}) | "
                             f"{(sum(one['plan']) - sum(one['full'])) / 2 * 1e3:.1f} |" if one_cfg else "n/a | n/a |"))
             print(lines[-1], flush=True)
-            del cache, out, plan, bare
+            del a, out, plan, bare
         del b
         torch.cuda.empty_cache()
     text = "\n".join(lines)

@@ -66,7 +66,7 @@ def main() -> int:
     from kvlab.cuda.attention import plan_paged_attention
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode_ceiling import probe_ms
+    from decode_ceiling import case_arrays, probe_ms
 
     Hq, Hkv, d = 32, 8, 128
     n_sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -79,10 +79,7 @@ def main() -> int:
     for B, ctx, splits in cases:
         b = build_batch(torch, B, ctx, Hq, Hkv, d)
         for name in args.formats.split(","):
-            cache = kvlab.allocate_cache(name, b["num_blocks"], BLOCK_SIZE, Hkv, d, like=b["key"])
-            kvlab.reshape_and_cache(b["key"], b["value"], cache, b["slots"], kv_cache_dtype=name)
-            a = (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"])
-            out = torch.empty_like(b["q"])
+            a, out = case_arrays(kvlab, torch, b, name, Hkv, d)
             plans = {s: plan_paged_attention(*a, name, num_splits=s, decode_variant="paged") for s in splits}
             t = {s: {"call": [], "bare": []} for s in splits}
             for _ in range(2):
@@ -120,7 +117,7 @@ def main() -> int:
                     f"{reader[n_sm][0]:.4f} / {reader[n_sm][1]:.4f} |")
             print(line, flush=True)
             lines.append(line)
-            del cache, out, plans
+            del a, out, plans
         del b
         torch.cuda.empty_cache()
     text = head + "\n\n" + "\n".join(lines)
