@@ -62,6 +62,24 @@ def case_arrays(kvlab, torch, b, name, Hkv, d):
     return (b["q"], cache, b["block_table"], b["seq_lens"], b["query_start_loc"]), torch.empty_like(b["q"])
 
 
+def case_bytes(name, B, ctx, Hkv, d):
+    """(bytes of the K and V rows the case reads, bytes of one cache block, K and V) for format
+    ``name`` at the decode suite's block size."""
+    from kvlab.bench.suite_decode import BLOCK_SIZE, _row_bytes
+
+    rb = _row_bytes(name, d)
+    return 2 * B * ctx * Hkv * rb, 2 * BLOCK_SIZE * Hkv * rb
+
+
+def fastest_one_per_sm(block, n_sm, nbytes, src, repeats):
+    """The paged read floor's fastest ring form with one CTA per SM (timed once on all ``n_sm``
+    SMs), or None when ``floors.paged_floor_configs(block)`` has none."""
+    from kvlab.bench import floors
+
+    ones = [c for c in floors.paged_floor_configs(block) if c.ctas_per_sm == 1]
+    return min(ones, key=lambda c: probe_ms(c, n_sm, nbytes, src, repeats)[0]) if ones else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=30)
@@ -75,7 +93,7 @@ def main() -> int:
 
     import kvlab
     from kvlab.bench import floors
-    from kvlab.bench.suite_decode import BLOCK_SIZE, _row_bytes, build_batch
+    from kvlab.bench.suite_decode import build_batch
     from kvlab.bench.timing import bench_ms
     from kvlab.cuda.attention import plan_paged_attention
 
@@ -97,9 +115,7 @@ def main() -> int:
             for _ in range(2):
                 t["call"].append(bench_ms(lambda: plan.run(*a, out=out), args.repeats)["median_ms"])
                 t["bare"].append(bench_ms(lambda: bare.run(*a, out=out), args.repeats)["median_ms"])
-            rb = _row_bytes(name, d)
-            nbytes = 2 * B * ctx * Hkv * rb
-            block = 2 * BLOCK_SIZE * Hkv * rb
+            nbytes, block = case_bytes(name, B, ctx, Hkv, d)
             pf = floors.paged_read_floor(nbytes, block, args.repeats)
             cfg = next(c for c in floors.paged_floor_configs(block) if c.name == pf["config"])
             src = floors._SOURCE.get(2 * nbytes)
@@ -114,9 +130,8 @@ def main() -> int:
             one = {"full": [], "plan": []}
             one_cfg = None
             if plan.n_items <= n_sm:
-                ones = [c for c in floors.paged_floor_configs(block) if c.ctas_per_sm == 1]
-                if ones:
-                    one_cfg = min(ones, key=lambda c: probe_ms(c, n_sm, nbytes, src, args.repeats)[0])
+                one_cfg = fastest_one_per_sm(block, n_sm, nbytes, src, args.repeats)
+                if one_cfg:
                     for _ in range(2):
                         for key, g in (("full", n_sm), ("plan", plan.n_items)):
                             ms, nread = probe_ms(one_cfg, g, nbytes, src, args.repeats)

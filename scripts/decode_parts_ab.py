@@ -61,12 +61,12 @@ def main() -> int:
 
     import kvlab
     from kvlab.bench import floors
-    from kvlab.bench.suite_decode import BLOCK_SIZE, _row_bytes, build_batch
+    from kvlab.bench.suite_decode import BLOCK_SIZE, build_batch
     from kvlab.bench.timing import bench_ms
     from kvlab.cuda.attention import plan_paged_attention
 
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from decode_ceiling import case_arrays, probe_ms
+    from decode_ceiling import case_arrays, case_bytes, fastest_one_per_sm, probe_ms
 
     Hq, Hkv, d = 32, 8, 128
     n_sm = cupy.cuda.Device().attributes["MultiProcessorCount"]
@@ -87,12 +87,11 @@ def main() -> int:
                     bare = dataclasses.replace(plan, n_red=0)
                     t[s]["call"].append(bench_ms(lambda: plan.run(*a, out=out), args.repeats)["median_ms"])
                     t[s]["bare"].append(bench_ms(lambda: bare.run(*a, out=out), args.repeats)["median_ms"])
-            rb = _row_bytes(name, d)
-            nbytes = 2 * B * ctx * Hkv * rb
-            block = 2 * BLOCK_SIZE * Hkv * rb
+            nbytes, block = case_bytes(name, B, ctx, Hkv, d)
             src = floors._SOURCE.get(2 * nbytes)
-            ones = [c for c in floors.paged_floor_configs(block) if c.ctas_per_sm == 1]
-            one_cfg = min(ones, key=lambda c: probe_ms(c, n_sm, nbytes, src, args.repeats)[0])
+            one_cfg = fastest_one_per_sm(block, n_sm, nbytes, src, args.repeats)
+            if one_cfg is None:
+                raise SystemExit(f"{name}: the paged read floor has no one-CTA-per-SM form for {block}-byte blocks")
             grids = sorted({n_sm, *(min(p.n_items, n_sm) for p in plans.values())})
             reader = {g: [] for g in grids}
             for _ in range(2):
