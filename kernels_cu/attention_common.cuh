@@ -194,6 +194,27 @@ __device__ __forceinline__ uint32_t e4m3x2_to_h2(uint32_t x) {
   return static_cast<uint32_t>(r.x) | (static_cast<uint32_t>(r.y) << 16);
 }
 
+// Two E4M3 bytes (low 16 bits of x) -> fp16x2 bits of their values·2^7 (the nvfp4 group scales
+// of the decode operands, "sf·2^7"): the cvt and the fp16 product are exact (|sf| ≤ 448, so
+// |sf·2^7| ≤ 57344 < 65504; E4M3's subnormals m·2^-9 are fp16 normals), so each half equals
+// the float32 path bits16<__half>(e4m3_to_float(b) * 128.f) bit for bit (NaN stays NaN).
+__device__ __forceinline__ uint32_t e4m3x2_to_h2_x128(uint32_t x) {
+  uint32_t h = e4m3x2_to_h2(x);
+  const uint32_t k128 = 0x58005800u;   // fp16x2 (128, 128)
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&h), *reinterpret_cast<const __half2*>(&k128));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// (lo, lo) / (hi, hi) of an fp16x2 word: the group scale pair of a K operand (both halves of a
+// K word belong to one token and one group)
+__device__ __forceinline__ uint32_t h2_bcast_lo(uint32_t x) {
+  const __half2 r = __low2half2(*reinterpret_cast<const __half2*>(&x));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+__device__ __forceinline__ uint32_t h2_bcast_hi(uint32_t x) {
+  const __half2 r = __high2half2(*reinterpret_cast<const __half2*>(&x));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
 // One E4M3 byte -> float (exact).
 __device__ __forceinline__ float e4m3_to_float(uint32_t byte) {
   __half_raw r = __nv_cvt_fp8_to_halfraw(static_cast<__nv_fp8_storage_t>(byte & 0xFFu), __NV_E4M3);

@@ -47,6 +47,19 @@
 #if defined(KVLAB_DECODE_STAGE_NVFP4) && (defined(KVLAB_DECODE_NO_STAGE) || defined(KVLAB_DECODE_NO_STAGE_NVFP4))
 #error "KVLAB_DECODE_STAGE_NVFP4 (the default) extends the stage body: not with KVLAB_DECODE_NO_STAGE(_NVFP4)"
 #endif
+// nvfp4 group scales two E4M3 bytes at a time (KVLAB_DECODE_SCALE_X2, the default since session 34;
+// docs/perf-notes.md "Session 34"): tile_scales gathers a thread's two scale bytes of a K row (or
+// the two V tokens' bytes of a group) with one PRMT, converts both with one cvt e4m3x2 -> f16x2
+// and multiplies by 2^7 in fp16 (exact), instead of one byte at a time through float32 (extract,
+// cvt, widen, FMUL, narrow, pack: ~6 instructions per scale, 8 scales per tile and thread at
+// d = 128). The scale registers are bit-identical; -DKVLAB_DECODE_NO_SCALE_X2 builds the old path
+// for A/B (tests/gpu/test_nvfp4_scale_x2_gpu.py compares the two builds' outputs bit for bit).
+#if !defined(KVLAB_DECODE_NO_SCALE_X2) && !defined(KVLAB_DECODE_SCALE_X2)
+#define KVLAB_DECODE_SCALE_X2
+#endif
+#if defined(KVLAB_DECODE_NO_SCALE_X2) && defined(KVLAB_DECODE_SCALE_X2)
+#error "KVLAB_DECODE_SCALE_X2 (the default) and KVLAB_DECODE_NO_SCALE_X2 exclude each other"
+#endif
 // The split merge is a programmatic dependent launch of the decode kernel on sm_90 (docs/perf-notes.md
 // "Session 12"): each decode CTA allows the merge's launch once its main loop is done
 // (griddepcontrol.launch_dependents, before its epilogue), and the merge waits for the whole decode
@@ -132,6 +145,37 @@ __device__ __forceinline__ void tile_scales(
     uint32_t (&sfv23)[TileRaw<FMT, D>::NGV]) {
   constexpr int NGK = TileRaw<FMT, D>::NGK, NGV = TileRaw<FMT, D>::NGV;
   if constexpr (FMT == NVFP4) {
+#if defined(KVLAB_DECODE_SCALE_X2)
+    // the thread's NGK scale bytes of a K row are bytes c·NGK … c·NGK + NGK − 1 of its SW words
+    // (d = 64: byte c of word 0; d = 128: bytes 2c, 2c + 1 of words 0-1; d = 256: word c)
+    if constexpr (NGK == 1) {
+      const uint32_t sel = static_cast<uint32_t>(c | (c << 4));   // byte c twice: (sf, sf)
+      sfk_g[0] = e4m3x2_to_h2_x128(prmt(r.skg[0], r.skg[0], sel));
+      sfk_g8[0] = e4m3x2_to_h2_x128(prmt(r.skg8[0], r.skg8[0], sel));
+    } else if constexpr (NGK == 2) {
+      static_assert(TileRaw<FMT, D>::SW == 2, "d = 128: 8 scale bytes per row");
+      const uint32_t sel = static_cast<uint32_t>((2 * c) | ((2 * c + 1) << 4));
+      const uint32_t ha = e4m3x2_to_h2_x128(prmt(r.skg[0], r.skg[1], sel));
+      const uint32_t hb = e4m3x2_to_h2_x128(prmt(r.skg8[0], r.skg8[1], sel));
+      sfk_g[0] = h2_bcast_lo(ha); sfk_g[1] = h2_bcast_hi(ha);
+      sfk_g8[0] = h2_bcast_lo(hb); sfk_g8[1] = h2_bcast_hi(hb);
+    } else {
+      static_assert(NGK == 4 && TileRaw<FMT, D>::SW == 4, "d = 256: one scale word per thread");
+      const uint32_t wa = pick_word(r.skg, c), wb = pick_word(r.skg8, c);
+      const uint32_t ha0 = e4m3x2_to_h2_x128(wa), ha1 = e4m3x2_to_h2_x128(wa >> 16);
+      const uint32_t hb0 = e4m3x2_to_h2_x128(wb), hb1 = e4m3x2_to_h2_x128(wb >> 16);
+      sfk_g[0] = h2_bcast_lo(ha0); sfk_g[1] = h2_bcast_hi(ha0);
+      sfk_g[2] = h2_bcast_lo(ha1); sfk_g[3] = h2_bcast_hi(ha1);
+      sfk_g8[0] = h2_bcast_lo(hb0); sfk_g8[1] = h2_bcast_hi(hb0);
+      sfk_g8[2] = h2_bcast_lo(hb1); sfk_g8[3] = h2_bcast_hi(hb1);
+    }
+#pragma unroll
+    for (int i = 0; i < NGV; ++i) {
+      // the V scale bytes sit in the low byte of sv[k][i]: (token 0, token 1) and (2, 3)
+      sfv01[i] = e4m3x2_to_h2_x128(prmt(r.sv[0][i], r.sv[1][i], 0x0040u));
+      sfv23[i] = e4m3x2_to_h2_x128(prmt(r.sv[2][i], r.sv[3][i], 0x0040u));
+    }
+#else
 #pragma unroll
     for (int i = 0; i < NGK; ++i) {
       const int gi = c * NGK + i;
@@ -147,6 +191,7 @@ __device__ __forceinline__ void tile_scales(
       sfv01[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[0][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[1][i]) * 128.f));
       sfv23[i] = pack2(bits16<__half>(e4m3_to_float(r.sv[2][i]) * 128.f), bits16<__half>(e4m3_to_float(r.sv[3][i]) * 128.f));
     }
+#endif
   } else {
 #pragma unroll
     for (int i = 0; i < NGK; ++i) sfk_g[i] = sfk_g8[i] = 0u;

@@ -526,7 +526,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_EARLY_ISSUE", "-DKVLAB_DECODE_SERIAL_QUERY_COLUMNS",
                         "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
-                        "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT",
+                        "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_SCALE_X2",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS",
                         "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS"]
 
@@ -544,7 +544,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_LATE_QUERY_LOADS (the query rows loaded after the first copies) and with
     -DKVLAB_DECODE_MERGE_RU=16 (the split merge's o rows 16 parts at a time) and with session 14's
     -DKVLAB_DECODE_NO_PACKED_E2M1 (nvfp4 operands nibble pair by pair) together with
-    -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted), and with session 17's
+    -DKVLAB_DECODE_INT8_V_PRMT (int8 V without I2F; not adopted) and session 34's -DKVLAB_DECODE_NO_SCALE_X2
+    (nvfp4 group scales one byte at a time through float32), and with session 17's
     -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row, built
     together with -DKVLAB_DECODE_NO_PDL and session 18's -DKVLAB_DECODE_DUAL_CTA_BARRIER, the
     dual-ring CTA's prologue behind one CTA-wide barrier instead of one per half) and with session 20's
@@ -570,11 +571,13 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",
                                   "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE_NVFP4",
-                                  "-DKVLAB_DECODE_PACKED_E2M1 -DKVLAB_DECODE_NO_PACKED_E2M1"])
+                                  "-DKVLAB_DECODE_PACKED_E2M1 -DKVLAB_DECODE_NO_PACKED_E2M1",
+                                  "-DKVLAB_DECODE_SCALE_X2 -DKVLAB_DECODE_NO_SCALE_X2"])
 def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
     """KVLAB_DECODE_STAGE_NVFP4 (the default since session 9) extends the default stage body: an
     #error when it is named together with -DKVLAB_DECODE_NO_STAGE or its own NO_ switch, so that
-    an A/B build cannot be mislabelled."""
+    an A/B build cannot be mislabelled; so are the default operand switches of sessions 14
+    (PACKED_E2M1) and 34 (SCALE_X2) named together with their NO_ switch."""
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<4, 128, __half>", opts, ok=False)
 
 
