@@ -527,7 +527,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_LATE_QUERY_LOADS", "-DKVLAB_DECODE_MERGE_RU=16",
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_SCALE_X2",
-                        "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS",
+                        "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS -DKVLAB_NO_E2M1_SELECT",
                         "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS"]
 
 
@@ -549,7 +549,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_NO_ITEM_META (the metadata read from the arrays, not the work-list row, built
     together with -DKVLAB_DECODE_NO_PDL and session 18's -DKVLAB_DECODE_DUAL_CTA_BARRIER, the
     dual-ring CTA's prologue behind one CTA-wide barrier instead of one per half) and with session 20's
-    -DKVLAB_DECODE_FP8_CONTIGUOUS (fp8 rows read as consecutive bytes, not interleaved words) and with
+    -DKVLAB_DECODE_FP8_CONTIGUOUS (fp8 rows read as consecutive bytes, not interleaved words) together
+    with session 35's -DKVLAB_NO_E2M1_SELECT (E2M1 byte words by mask-and-or, not bit-selects) and with
     -DKVLAB_DECODE_KV_SPLIT (session 20's staged layout: a stage's K side, then its V side; since
     session 21 a staged chunk keeps its K and V rows together, one bulk copy per block); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM), and so do the
@@ -572,12 +573,13 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE",
                                   "-DKVLAB_DECODE_STAGE_NVFP4 -DKVLAB_DECODE_NO_STAGE_NVFP4",
                                   "-DKVLAB_DECODE_PACKED_E2M1 -DKVLAB_DECODE_NO_PACKED_E2M1",
-                                  "-DKVLAB_DECODE_SCALE_X2 -DKVLAB_DECODE_NO_SCALE_X2"])
+                                  "-DKVLAB_DECODE_SCALE_X2 -DKVLAB_DECODE_NO_SCALE_X2",
+                                  "-DKVLAB_E2M1_SELECT -DKVLAB_NO_E2M1_SELECT"])
 def test_decode_stage_nvfp4_excludes_no_stage(opts, monkeypatch):
     """KVLAB_DECODE_STAGE_NVFP4 (the default since session 9) extends the default stage body: an
     #error when it is named together with -DKVLAB_DECODE_NO_STAGE or its own NO_ switch, so that
     an A/B build cannot be mislabelled; so are the default operand switches of sessions 14
-    (PACKED_E2M1) and 34 (SCALE_X2) named together with their NO_ switch."""
+    (PACKED_E2M1), 34 (SCALE_X2) and 35 (E2M1_SELECT) named together with their NO_ switch."""
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<4, 128, __half>", opts, ok=False)
 
 

@@ -1,4 +1,6 @@
-"""Session 14's packed-decode bit tricks emulated bit for bit in NumPy (no GPU): ``e2m1x8_to_h2x4_scaled``,
+"""Session 14's packed-decode bit tricks emulated bit for bit in NumPy (no GPU): ``e2m1x8_to_h2x4_scaled``
+(both its byte-word forms: session 35's shared sign mask with two bit-selects, ``KVLAB_E2M1_SELECT``, the
+default, and the mask-and-or form of ``-DKVLAB_NO_E2M1_SELECT``),
 ``pf_group_scale2``, int8 V in ``dec_unit`` and in ``v_operand`` (``KVLAB_DECODE_INT8_V_PRMT``), the int8 K
 bias flip once per word; each against the path it replaces and exact reference values, exhaustively over
 the nibbles / bytes involved. Shifts, masks and PRMT selectors are read from the kernel source and used by
@@ -92,19 +94,45 @@ def sub2_exact(a, b, bf):
 def e2m1_consts():
     new = _src("attention_common.cuh", "void e2m1x8_to_h2x4_scaled(")
     old = _src("attention_common.cuh", "uint32_t e2m1x2_to_h2_scaled(uint32_t w)")
-    e = _grab(rf"const uint32_t e = \(\(w << (\d+)\) & {HEX}\) \| \(\(w << (\d+)\) & {HEX}\);", new)
-    o = _grab(rf"const uint32_t o = \(\(w >> (\d+)\) & {HEX}\) \| \(w & {HEX}\);", new)
+    assert new.count("#if defined(KVLAB_E2M1_SELECT)") == 1 and new.count("#else") == 1
+    sel_src, mask_src = new.split("#else")
+    e = _grab(rf"const uint32_t e = \(\(w << (\d+)\) & {HEX}\) \| \(\(w << (\d+)\) & {HEX}\);", mask_src)
+    o = _grab(rf"const uint32_t o = \(\(w >> (\d+)\) & {HEX}\) \| \(w & {HEX}\);", mask_src)
+    x = r"(0x[0-9A-Fa-f]+)"
+    sel = dict(sgn=_grab(rf"and\.b32 s, %2, {x};", sel_src)[0], t=_grab(r"shl\.b32 t, %2, (\d+);", sel_src)[0],
+               u=_grab(r"shl\.b32 u, s, (\d+);", sel_src)[0], v=_grab(r"shr\.b32 v, %2, (\d+);", sel_src)[0],
+               e=_grab(rf"lop3\.b32 %0, t, u, {x}, {x};", sel_src), o=_grab(rf"lop3\.b32 %1, v, s, {x}, {x};", sel_src))
+    assert sel_src.count("lop3.b32") == 2 and sel_src.count(".b32 ") == 7  # the 6 instructions + the .reg line
     h = sorted((int(k), v, int(s, 0)) for k, v, s in re.findall(rf"h\[(\d)\] = prmt\(([eo]), 0u, {HEX}\);", new))
     assert [k for k, _, _ in h] == [0, 1, 2, 3]
     ms = {n: (int(t), int(m, 0)) for n, t, m in re.findall(
         rf"const uint32_t (mag|sgn) = \(S <= (\d+) \? \(w << \(\2 - S\)\) : \(w >> \(S - \2\)\)\) & {HEX};", old)}
     assert set(ms) == {"mag", "sgn"} and "return mag | sgn;" in old
-    return dict(e=e, o=o, h=[(v, s) for _, v, s in h], mag=ms["mag"], sgn=ms["sgn"])
+    return dict(e=e, o=o, sel=sel, h=[(v, s) for _, v, s in h], mag=ms["mag"], sgn=ms["sgn"])
 
 
-def e2m1x8_new(w, c):
-    (s1, m1, s2, m2), (s3, m3, m4) = c["e"], c["o"]
-    eo = dict(e=((w << U32(s1)) & U32(m1)) | ((w << U32(s2)) & U32(m2)), o=((w >> U32(s3)) & U32(m3)) | (w & U32(m4)))
+def lop3(a, b, c, lut):
+    """PTX lop3.b32: bit k of the result is bit (a_k·4 + b_k·2 + c_k) of ``lut`` (a = 0xF0, b = 0xCC, c = 0xAA)."""
+    a, b, c = (np.asarray(x, U32) for x in (a, b, c))
+    out = np.zeros(np.broadcast(a, b, c).shape, U32)
+    for i in range(8):
+        if (lut >> i) & 1:
+            out |= (a if i & 4 else ~a) & (b if i & 2 else ~b) & (c if i & 1 else ~c)
+    return out
+
+
+def e2m1x8_new(w, c, select=True):
+    """e2m1x8_to_h2x4_scaled's four words; ``select``: the default (KVLAB_E2M1_SELECT) byte words, else
+    the -DKVLAB_NO_E2M1_SELECT ones."""
+    if select:
+        q = c["sel"]
+        sg = w & U32(q["sgn"])
+        eo = dict(e=lop3(w << U32(q["t"]), sg << U32(q["u"]), U32(q["e"][0]), q["e"][1]),
+                  o=lop3(w >> U32(q["v"]), sg, U32(q["o"][0]), q["o"][1]))
+    else:
+        (s1, m1, s2, m2), (s3, m3, m4) = c["e"], c["o"]
+        eo = dict(e=((w << U32(s1)) & U32(m1)) | ((w << U32(s2)) & U32(m2)),
+                  o=((w >> U32(s3)) & U32(m3)) | (w & U32(m4)))
     return [prmt(eo[v], 0, sel) for v, sel in c["h"]]
 
 
@@ -120,15 +148,32 @@ def nibble_words(n_rand=64):  # (words, pos, nibble): each nibble value at each 
     return w, pos, nib
 
 
+@pytest.mark.parametrize("select", [True, False], ids=["select", "no_select"])
 @pytest.mark.parametrize("words", ["every_nibble", "random_100k"])
-def test_e2m1x8_equals_e2m1x2(words):
-    """h[i] of e2m1x8_to_h2x4_scaled equals e2m1x2_to_h2_scaled<4i> bitwise: for all 16 values of each
-    of the 8 nibbles (others random), and on 100k random words. Fails on a wrong shift, mask or PRMT
-    selector of either function (a nibble in the wrong half or word, a bit lost or leaking in)."""
+def test_e2m1x8_equals_e2m1x2(words, select):
+    """h[i] of e2m1x8_to_h2x4_scaled (either byte-word form) equals e2m1x2_to_h2_scaled<4i> bitwise: for
+    all 16 values of each of the 8 nibbles (others random), and on 100k random words. Fails on a wrong
+    shift, mask, LOP3 table or PRMT selector of either function (a nibble in the wrong half or word, a
+    bit lost or leaking in). Both forms equal to the same words: the switch cannot change an output."""
     c = e2m1_consts()
     w = nibble_words()[0] if words == "every_nibble" else rand_words(100_000, 14)
-    for i, h in enumerate(e2m1x8_new(w, c)):
+    for i, h in enumerate(e2m1x8_new(w, c, select)):
         np.testing.assert_array_equal(h, e2m1x2_old(w, 4 * i, c), err_msg=f"h[{i}]")
+
+
+def test_e2m1_select_words_byte_parallel_over_all_bytes():
+    """The select form's byte words depend on each byte of w alone: over all 65,536 pairs of
+    neighbouring bytes (at every byte position) E and O equal the mask-and-or form's, so no bit of a
+    shifted neighbour leaks in (the s << 4 and w >> 3 cross byte borders)."""
+    c = e2m1_consts()
+    q, (s1, m1, s2, m2), (s3, m3, m4) = c["sel"], c["e"], c["o"]
+    for pos in range(3):
+        w = (A << U32(8 * pos)) | (B << U32(8 * pos + 8))
+        sg = w & U32(q["sgn"])
+        np.testing.assert_array_equal(lop3(w << U32(q["t"]), sg << U32(q["u"]), U32(q["e"][0]), q["e"][1]),
+                                      ((w << U32(s1)) & U32(m1)) | ((w << U32(s2)) & U32(m2)))
+        np.testing.assert_array_equal(lop3(w >> U32(q["v"]), sg, U32(q["o"][0]), q["o"][1]),
+                                      ((w >> U32(s3)) & U32(m3)) | (w & U32(m4)))
 
 
 def test_e2m1x8_decodes_to_the_e2m1_table_times_2_pow_minus_14():
@@ -270,7 +315,12 @@ def test_prmt_model_and_mutated_constants_are_caught():
     assert prmt(a, b, 0x7777) == 0x87878787 and prmt(a, b, 0xFFF7) == 0xFFFFFF87 and prmt(a, b, 0x333B) == 0x03030300
     w, c, d = rand_words(4096, 9), e2m1_consts(), dec_int8_consts()
     for bad in (dict(c, e=(c["e"][0], 0x0F0F0F0F) + c["e"][2:]), dict(c, h=[c["h"][k] for k in (0, 1, 3, 2)])):
-        assert any(not np.array_equal(h, e2m1x2_old(w, 4 * i, c)) for i, h in enumerate(e2m1x8_new(w, bad)))
+        assert any(not np.array_equal(h, e2m1x2_old(w, 4 * i, c)) for i, h in enumerate(e2m1x8_new(w, bad, False)))
+    q = c["sel"]
+    assert lop3(U32(0xF0), U32(0xCC), U32(0xAA), 0xE4) == 0xE4 and lop3(U32(0xFF00), U32(0x0FF0), U32(0x0F0F), 0xE4) == 0x0FF0  # c ? a : b
+    for bad_sel in (dict(q, e=(q["e"][0], 0xE2)), dict(q, sgn=0x80808080), dict(q, u=3), dict(q, o=(0x0F0F0F0F, q["o"][1]))):
+        bad = dict(c, sel=bad_sel)
+        assert any(not np.array_equal(h, e2m1x2_old(w, 4 * i, c)) for i, h in enumerate(e2m1x8_new(w, bad))), bad_sel
     with pytest.raises(AssertionError):   # a keep mask without the 0x43 bias: the difference is inexact
         dec_v_new(w, d["sels"][0], dict(d, keep=0x007F007F))
     sel_of, masks = v_operand_int8_consts()

@@ -1,7 +1,9 @@
 """The nvfp4 decode with session 34's group-scale path (``KVLAB_DECODE_SCALE_X2``, the default:
-two E4M3 scale bytes per PRMT + cvt, times 2^7 in fp16) gives the same output bits as
-``-DKVLAB_DECODE_NO_SCALE_X2`` (one byte at a time through float32), on every decode kernel
-that reads nvfp4 (per_head, paged two per SM, paged dual ring) and head size (64, 128, 256).
+two E4M3 scale bytes per PRMT + cvt, times 2^7 in fp16) and session 35's E2M1 byte words
+(``KVLAB_E2M1_SELECT``, the default: one sign mask, two bit-selects) gives the same output bits as
+the build without both (``-DKVLAB_DECODE_NO_SCALE_X2 -DKVLAB_NO_E2M1_SELECT``: scales one byte at a
+time through float32, byte words by mask-and-or), on every decode kernel that reads nvfp4
+(per_head, paged two per SM, paged dual ring) and head size (64, 128, 256).
 
 Two child processes (the build is a compile option, compiled once per process) run the same
 ragged batches — decode and short chunked-prefill rows, KV lengths not multiples of the block,
@@ -10,7 +12,8 @@ E4M3 group scales include zeros, subnormals and normals, with the global scale 1
 calibrated — and every output must be equal bit for bit (NaN positions included). The default
 build's outputs are also checked against the float64 reference (``check_close``, the paged
 attention tests' tolerance), so a build that is wrong in both the same way fails too. The
-offline proof of the bit identity is tests/test_nvfp4_scale_x2_bits.py.
+offline proofs of the bit identity are tests/test_nvfp4_scale_x2_bits.py and
+tests/test_packed_decode_bits.py.
 KVLAB_SCALE_X2_TEST_TIMEOUT: seconds per child (600).
 """
 from __future__ import annotations
@@ -66,10 +69,10 @@ def _run(options: str, path, check_ref: bool) -> str:
     return r.stdout
 
 
-_SWITCH = ("-DKVLAB_DECODE_SCALE_X2", "-DKVLAB_DECODE_NO_SCALE_X2")
+_SWITCH = ("-DKVLAB_DECODE_SCALE_X2", "-DKVLAB_DECODE_NO_SCALE_X2", "-DKVLAB_E2M1_SELECT", "-DKVLAB_NO_E2M1_SELECT")
 
 
-def test_nvfp4_scale_x2_outputs_equal_the_float32_scale_path(tmp_path):
+def test_nvfp4_operand_switches_keep_the_output_bits(tmp_path):
     pytest.importorskip("torch")
     from tests.gpu.test_paged_attention_gpu import _device_cc
 
@@ -78,7 +81,8 @@ def test_nvfp4_scale_x2_outputs_equal_the_float32_scale_path(tmp_path):
     base = [o for o in os.environ.get("KVLAB_NVRTC_OPTIONS", "").split() if o not in _SWITCH]
     log = _run(" ".join(base), tmp_path / "x2.npz", check_ref=True)
     assert "configs=18 checked_against_reference=18" in log, log
-    _run(" ".join(base + ["-DKVLAB_DECODE_NO_SCALE_X2"]), tmp_path / "f32.npz", check_ref=False)
+    _run(" ".join(base + ["-DKVLAB_DECODE_NO_SCALE_X2", "-DKVLAB_NO_E2M1_SELECT"]), tmp_path / "f32.npz",
+         check_ref=False)
     a, b = np.load(tmp_path / "x2.npz"), np.load(tmp_path / "f32.npz")
     assert sorted(a.files) == sorted(b.files) and len(a.files) == 18
     for k in a.files:
