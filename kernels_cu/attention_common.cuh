@@ -42,6 +42,8 @@
 //   words with one shared sign mask and two bit-selects (6 instructions a word instead of 7; the
 //   words are equal bit for bit). Loops (sm_90 SASS): nvfp4 decode dual ring 2,430 -> 2,347, two per
 //   SM 2,705 -> 2,622, d = 256 2,437 -> 2,338; prefill mma 2,142 -> 2,118, wgmma 2,092 -> 2,060.
+//   Measured on an H100 only (session 35, call 4): flat within the noise (nvfp4 paged +0.2 / -0.6 /
+//   -1.4 us at B = 32 x 8k / 1 x 128k / 64 x 4k), as predicted where the loop is not issue-bound.
 // -DKVLAB_DECODE_INT8_V_PRMT (measured, not adopted): int8 V operands as bf16 from the signed byte
 //   without I2F, K's byte-bias flip once per word. int8 paged 0.1616 / 0.1609 → 0.1653 / 0.1617 ms:
 //   flat, so the decode's int8 rows are not bound by the conversion pipe.
