@@ -163,7 +163,7 @@ def test_e2m1x8_equals_e2m1x2(words, select):
 
 def test_e2m1_select_words_byte_parallel_over_all_bytes():
     """The select form's byte words depend on each byte of w alone: over all 65,536 pairs of
-    neighbouring bytes (at every byte position) E and O equal the mask-and-or form's, so no bit of a
+    neighbouring bytes (at byte positions 0-1, 1-2 and 2-3) E and O equal the mask-and-or form's, so no bit of a
     shifted neighbour leaks in (the s << 4 and w >> 3 cross byte borders)."""
     c = e2m1_consts()
     q, (s1, m1, s2, m2), (s3, m3, m4) = c["sel"], c["e"], c["o"]
