@@ -61,6 +61,11 @@ def e4m3_h16_x128_old(b: np.ndarray) -> np.ndarray:
     return f.astype(np.float16).view(np.uint16).astype(U32)
 
 
+def ngk(d: int) -> int:
+    """E4M3 group scales of one K row per thread (the kernel's TileRaw<NVFP4, D>::NGK)."""
+    return d // 64 if d >= 128 else 1
+
+
 def pair_new(word: np.ndarray) -> tuple:
     """e4m3x2_to_h2_x128: the two bytes of the low 16 bits -> (low half, high half) bits."""
     return e4m3_h16_x128_new(word & U32(0xFF)), e4m3_h16_x128_new((word >> U32(8)) & U32(0xFF))
@@ -69,12 +74,11 @@ def pair_new(word: np.ndarray) -> tuple:
 def k_scales_new(words: list, c: int, d: int, sel: dict) -> list:
     """The NGK (sf·2^7 as fp16 bits) a thread of lane class c uses for one K row (words: its SW scale
     words), as the new tile_scales computes them (each broadcast half is the value itself)."""
-    ngk = d // 64 if d >= 128 else 1
-    if ngk == 1:
+    if ngk(d) == 1:
         lo, hi = pair_new(prmt(words[0], words[0], sel["k1"](c)))
         np.testing.assert_array_equal(lo, hi)               # (sf, sf): both halves the same byte
         return [lo]
-    if ngk == 2:
+    if ngk(d) == 2:
         lo, hi = pair_new(prmt(words[0], words[1], sel["k2"](c)))
         return [lo, hi]
     w = words[c]                                           # d = 256: pick_word(r.skg, c)
@@ -82,10 +86,9 @@ def k_scales_new(words: list, c: int, d: int, sel: dict) -> list:
 
 
 def k_scales_old(words: list, c: int, d: int) -> list:
-    ngk = d // 64 if d >= 128 else 1
     out = []
-    for i in range(ngk):
-        gi = c * ngk + i
+    for i in range(ngk(d)):
+        gi = c * ngk(d) + i
         out.append(e4m3_h16_x128_old((words[gi >> 2] >> U32(8 * (gi & 3))) & U32(0xFF)))
     return out
 
@@ -106,10 +109,9 @@ def test_e4m3_times_128_in_fp16_equals_the_float32_path_for_every_byte():
 @pytest.mark.parametrize("c", [0, 1, 2, 3])
 def test_k_gather_picks_the_old_paths_bytes(d, c):
     sel = selectors()
-    sw = d // 64 if d >= 64 else 1
-    words = [rand_words(4096, 10 * d + c + j) for j in range(sw)]
+    words = [rand_words(4096, 10 * d + c + j) for j in range(d // 64)]   # the SW scale words of a row
     new, old = k_scales_new(words, c, d, sel), k_scales_old(words, c, d)
-    assert len(new) == len(old) == (d // 64 if d >= 128 else 1)
+    assert len(new) == len(old) == ngk(d)
     for a, b in zip(new, old):
         ok = ~np.isnan(b.astype(np.uint16).view(np.float16))
         assert ok.mean() > 0.95

@@ -121,18 +121,22 @@ def lop3(a, b, c, lut):
     return out
 
 
-def e2m1x8_new(w, c, select=True):
-    """e2m1x8_to_h2x4_scaled's four words; ``select``: the default (KVLAB_E2M1_SELECT) byte words, else
-    the -DKVLAB_NO_E2M1_SELECT ones."""
+def e2m1_byte_words(w, c, select=True):
+    """e2m1x8_to_h2x4_scaled's byte words {"e": E, "o": O}; ``select``: the default (KVLAB_E2M1_SELECT)
+    form, else the -DKVLAB_NO_E2M1_SELECT one."""
     if select:
         q = c["sel"]
         sg = w & U32(q["sgn"])
-        eo = dict(e=lop3(w << U32(q["t"]), sg << U32(q["u"]), U32(q["e"][0]), q["e"][1]),
-                  o=lop3(w >> U32(q["v"]), sg, U32(q["o"][0]), q["o"][1]))
-    else:
-        (s1, m1, s2, m2), (s3, m3, m4) = c["e"], c["o"]
-        eo = dict(e=((w << U32(s1)) & U32(m1)) | ((w << U32(s2)) & U32(m2)),
-                  o=((w >> U32(s3)) & U32(m3)) | (w & U32(m4)))
+        return dict(e=lop3(w << U32(q["t"]), sg << U32(q["u"]), U32(q["e"][0]), q["e"][1]),
+                    o=lop3(w >> U32(q["v"]), sg, U32(q["o"][0]), q["o"][1]))
+    (s1, m1, s2, m2), (s3, m3, m4) = c["e"], c["o"]
+    return dict(e=((w << U32(s1)) & U32(m1)) | ((w << U32(s2)) & U32(m2)),
+                o=((w >> U32(s3)) & U32(m3)) | (w & U32(m4)))
+
+
+def e2m1x8_new(w, c, select=True):
+    """e2m1x8_to_h2x4_scaled's four words (``select`` as in e2m1_byte_words)."""
+    eo = e2m1_byte_words(w, c, select)
     return [prmt(eo[v], 0, sel) for v, sel in c["h"]]
 
 
@@ -166,14 +170,11 @@ def test_e2m1_select_words_byte_parallel_over_all_bytes():
     neighbouring bytes (at byte positions 0-1, 1-2 and 2-3) E and O equal the mask-and-or form's, so no bit of a
     shifted neighbour leaks in (the s << 4 and w >> 3 cross byte borders)."""
     c = e2m1_consts()
-    q, (s1, m1, s2, m2), (s3, m3, m4) = c["sel"], c["e"], c["o"]
     for pos in range(3):
         w = (A << U32(8 * pos)) | (B << U32(8 * pos + 8))
-        sg = w & U32(q["sgn"])
-        np.testing.assert_array_equal(lop3(w << U32(q["t"]), sg << U32(q["u"]), U32(q["e"][0]), q["e"][1]),
-                                      ((w << U32(s1)) & U32(m1)) | ((w << U32(s2)) & U32(m2)))
-        np.testing.assert_array_equal(lop3(w >> U32(q["v"]), sg, U32(q["o"][0]), q["o"][1]),
-                                      ((w >> U32(s3)) & U32(m3)) | (w & U32(m4)))
+        new, old = e2m1_byte_words(w, c), e2m1_byte_words(w, c, select=False)
+        for k in ("e", "o"):
+            np.testing.assert_array_equal(new[k], old[k], err_msg=f"{k}, bytes {pos}-{pos + 1}")
 
 
 def test_e2m1x8_decodes_to_the_e2m1_table_times_2_pow_minus_14():
