@@ -597,6 +597,105 @@ def test_slot_filled_declines_other_grids(monkeypatch):
         A._fill_slack()
 
 
+def _dual_list(seq_lens):
+    """The dual-ring CTA's work list as the plan builds it before ``_dual_refill`` (132 SMs, one
+    CTA each, int4 at d = 128): ``(items, red, n_parts)``."""
+    from kvlab.cuda import attention as A
+
+    sl = np.asarray(seq_lens)
+    items, red, n_parts, _, _ = A._paged_list(np.arange(len(sl) + 1), sl, 1, 0, 132, None, 2, 132, (3, 128))
+    return items, red, n_parts
+
+
+@pytest.mark.parametrize("seq_lens, before, after", [
+    ([131072], (125, 66), (132, 63)),   # batch 1 × 128k: 125 parts of 66 tiles (one of 8) -> 132 of 62-63
+    ([32768], (121, 17), (132, 16)),
+    ([8192] * 2, (114, 9), (128, 8)),
+    ([131072] * 4, (128, 256), (132, 249)),
+])
+def test_dual_refill_fills_the_idle_sms(monkeypatch, seq_lens, before, after):
+    """``_dual_refill`` (session 36): ``_work_list``'s split count leaves SMs idle where a
+    sequence's tiles do not divide evenly (batch 1 × 128k: 125 CTAs on 132 SMs, longest part 66
+    tiles), and ``_paged_list``'s 15 % gate keeps that list; the dual ring's list is re-drawn over
+    every SM when its longest part gets shorter. Same work in contiguous tile-aligned parts, part
+    ids 0 … n-1 as the merge rows say, nothing lost."""
+    from kvlab.cuda import attention as A
+
+    monkeypatch.delenv("KVLAB_DECODE_DUAL_REFILL", raising=False)
+    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
+    items, red, n_parts = _dual_list(seq_lens)
+    assert (len(items), int(A._row_tiles(items).max())) == before
+    out, red2, n2, refilled = A._dual_refill(items, red, n_parts, 132, 132)
+    assert refilled and (len(out), int(A._row_tiles(out).max())) == after
+    assert out.dtype == np.int32 and red2.dtype == np.int32 and n2 == len(out) == red2[:, 3].sum()
+    for seq in range(len(seq_lens)):
+        a = out[out[:, 0] == seq]
+        a = a[np.argsort(a[:, 2])]
+        assert a[0, 2] == 0 and a[-1, 3] == seq_lens[seq]
+        assert np.all(a[1:, 2] == a[:-1, 3]) and np.all(a[:, 2] % 16 == 0)
+        row = red2[red2[:, 0] == seq]
+        assert len(row) == 1 and np.array_equal(a[:, 4], row[0, 2] + np.arange(row[0, 3]))
+    # the longest part is the ideal one, rounded up to whole tiles
+    total = sum(-(-n // 16) for n in seq_lens)
+    assert int(A._row_tiles(out).max()) <= -(-total // 132) + 1
+
+
+@pytest.mark.parametrize("seq_lens", [[8192] * 32, [4096] * 64, [1024], [8192], [8192] * 8])
+def test_dual_refill_keeps_lists_it_cannot_shorten(monkeypatch, seq_lens):
+    """Uniform batches whose parts already balance (B = 32 × 8k: 128 parts of 128 tiles, 4 free
+    slots for 32 groups) and short sequences (batch 1 × 8k: 64 parts of the minimum 8 tiles) come
+    back as they are, the same arrays; so do all lists with ``KVLAB_DECODE_DUAL_REFILL=0`` or
+    ``KVLAB_DECODE_SLOT_FILL=0``, and a bad value of the switch is refused."""
+    from kvlab.cuda import attention as A
+
+    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
+    monkeypatch.delenv("KVLAB_DECODE_DUAL_REFILL", raising=False)
+    items, red, n_parts = _dual_list(seq_lens)
+    out, red2, n2, refilled = A._dual_refill(items, red, n_parts, 132, 132)
+    assert not refilled and out is items and red2 is red and n2 == n_parts
+    b_items, b_red, b_n = _dual_list([131072])
+    for var, val in (("KVLAB_DECODE_DUAL_REFILL", "0"), ("KVLAB_DECODE_SLOT_FILL", "0")):
+        monkeypatch.setenv(var, val)
+        out, _, _, refilled = A._dual_refill(b_items, b_red, b_n, 132, 132)
+        assert not refilled and out is b_items
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("KVLAB_DECODE_DUAL_REFILL", "yes")
+    with pytest.raises(ValueError, match="KVLAB_DECODE_DUAL_REFILL"):
+        A._dual_refill(b_items, b_red, b_n, 132, 132)
+
+
+def test_dual_refill_never_lengthens_a_ragged_list(monkeypatch):
+    """Random decode batches of 1-6 sequences of 2k … 150k tokens, every other one uniform (where
+    the split count's rounding leaves SMs idle; ragged batches are mostly re-drawn by
+    ``_paged_list``'s own gate already): the re-drawn list's
+    longest part is shorter than the input's (else the input comes back), and every sequence's
+    range is covered once, in contiguous parts or one unsplit row."""
+    from kvlab.cuda import attention as A
+
+    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
+    monkeypatch.delenv("KVLAB_DECODE_DUAL_REFILL", raising=False)
+    rng = np.random.default_rng(36)
+    n_refilled = 0
+    for _ in range(60):
+        n = int(rng.integers(1, 7))
+        sl = np.exp(rng.uniform(np.log(2000), np.log(150000), n)).astype(np.int64)
+        if _ % 2:   # every other batch uniform: ragged ones are mostly re-drawn by _paged_list already
+            sl[:] = sl[0]
+        items, red, n_parts = _dual_list(sl)
+        out, red2, n2, refilled = A._dual_refill(items, red, n_parts, 132, 132)
+        if not refilled:
+            assert out is items
+            continue
+        n_refilled += 1
+        assert A._row_tiles(out).max() < A._row_tiles(items).max() and len(out) <= 132
+        for seq in range(n):
+            a = out[out[:, 0] == seq]
+            a = a[np.argsort(a[:, 2])]
+            assert a[0, 2] == 0 and a[-1, 3] == sl[seq] and np.all(a[1:, 2] == a[:-1, 3])
+            assert (len(a) == 1 and a[0, 4] == -1) or len(red2[red2[:, 0] == seq]) == 1
+    assert n_refilled >= 10, n_refilled   # the property was exercised
+
+
 @pytest.mark.parametrize("seq_lens, pays", [([8192] * 32, False), ([131072], False), ([4096] * 64, False),
                                             ([300] * 40 + [60000] * 4, True), (list(range(2000, 32001, 2000)), True),
                                             ([5000, 300, 9000] * 3, True)])
