@@ -1160,43 +1160,6 @@ def _paged_list(qsl_dec, sl, tpc, window, capacity, num_splits, nh, n_sm, key=No
     return items, red, n_parts, 1.0, False
 
 
-def _dual_refill_on() -> bool:
-    """Whether the dual-ring CTA's work list is re-drawn after the CTA form is chosen
-    (``_dual_refill``): ``KVLAB_DECODE_DUAL_REFILL`` ``1`` (the default) or ``0``, and never
-    where ``KVLAB_DECODE_SLOT_FILL=0``. Read when a plan is built, so A/B runs in one process."""
-    env = os.environ.get("KVLAB_DECODE_DUAL_REFILL", "").strip() or "1"
-    if env not in ("0", "1"):
-        raise ValueError(f"KVLAB_DECODE_DUAL_REFILL: expected 0 or 1, got {env!r}")
-    return env == "1" and _slot_fill() != "0"
-
-
-def _dual_refill(items: np.ndarray, red: np.ndarray, n_parts: int, capacity: int, n_sm: int):
-    """The dual-ring CTA's work list re-drawn over every resident slot (``_slot_filled``, weight 1,
-    no slack) where that makes its longest part shorter by at least one 16-token tile; else the
-    list as it is. Returns ``(items, red, n_parts, refilled)``.
-
-    ``_paged_list`` takes a filled list only where the model gains ``PG_FILL_MIN_GAIN`` (15 %):
-    a margin set for the grid of two CTAs per SM, whose block placement pairs heavy parts on some
-    SMs (docs/perf-notes.md "Session 16"). The dual ring runs one CTA per SM, so a shorter longest
-    part is a shorter call. Where it matters: ``_work_list``'s split count rounds a batch-1
-    sequence to 125 parts of 66 tiles at 128k (7 of 132 SMs idle); re-drawn, 132 parts of
-    62–63 tiles. Called after the CTA form is chosen (``_dual_default`` sees the lists it was
-    fitted on). Skipped cheaply where no gain is possible: fewer free slots than groups holding
-    a longest part (a uniform batch of 32 sequences in 128 parts: 4 free slots, 32 such groups)."""
-    free = capacity - len(items)
-    if free <= 0 or not _dual_refill_on():
-        return items, red, n_parts, False
-    tiles = _row_tiles(items)
-    longest = int(tiles.max())
-    at_max = items[tiles == longest]
-    if len(np.unique(at_max[:, 0].astype(np.int64) << 32 | at_max[:, 1].astype(np.int64))) > free:
-        return items, red, n_parts, False
-    filled = _slot_filled(items, n_sm, capacity, 1.0, PG_MIN_SPLIT_TOKENS // 16, 0)
-    if filled is None or int(_row_tiles(filled[0]).max()) >= longest:
-        return items, red, n_parts, False
-    return (*filled, True)
-
-
 def _prefill_list(qlen, seqs, tokens_per_cta):
     """Prefill CTAs (seq, tok0), the ones with the most keys (last query tokens) first."""
     if len(seqs) == 0:
@@ -1323,8 +1286,6 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
                     two_list()
                     nh, nbuf, note, paged_smem, capacity, lst = 1, nbuf1, note1, smem1, cap1, built[0]
         items, red, n_parts, wave_weight, slot_fill = lst
-        if nh == 2 and not slot_fill and num_splits is None:   # one CTA per SM: fill every slot
-            items, red, n_parts, slot_fill = _dual_refill(items, red, n_parts, capacity, _device_props(dev)[0])
     else:
         capacity = _resident_ctas(_decode_spec(code, d, qd), dev)
         items, red, n_parts = _work_list(qsl_dec, sl_h, tpc, window, ny, capacity, num_splits,

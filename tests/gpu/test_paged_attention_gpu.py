@@ -480,37 +480,6 @@ def test_slot_filled_ragged_paged_decode(rng, fmt, short, dual, monkeypatch):
         assert np.all(counts == 1) and np.all(items[np.isin(items[:, 0], short_seqs), 4] == -1)
 
 
-@pytest.mark.parametrize("fmt", ["int4_per_token_head", "nvfp4", "int8_per_token_head", "fp8_per_token_head"])
-def test_dual_refill_batch_one(rng, fmt, monkeypatch):
-    """Batch 1 at ~33k tokens on the dual-ring CTA (session 36): ``_work_list`` rounds the
-    sequence to fewer parts than SMs (121 of 16-17 tiles on 132 SMs), and ``_dual_refill`` re-draws
-    them over every SM. Both lists (``KVLAB_DECODE_DUAL_REFILL`` 1 and 0) must match float64;
-    the re-drawn one must have more parts, a shorter longest part, and every SM busy where it
-    can be (at least 128 tokens a part)."""
-    import cupy
-
-    from kvlab.cuda.attention import _device_props
-
-    monkeypatch.setenv("KVLAB_DECODE_PAGED_DUAL", "1")
-    monkeypatch.delenv("KVLAB_DECODE_SLOT_FILL", raising=False)
-    L = 32768 + int(rng.integers(1, 2000))          # not a multiple of the block size
-    case = build_case(rng, fmt, 8, 4, 128, 16, [1], [L])
-    ref = run_ref(case)
-    got = {}
-    for refill in ("1", "0"):
-        monkeypatch.setenv("KVLAB_DECODE_DUAL_REFILL", refill)
-        out, plan = run_gpu(case, variant="paged")
-        check_close(out, ref, "bfloat16", f"{fmt} batch 1 x {L} dual refill={refill}")
-        items = cupy.asnumpy(plan.items)
-        tiles = -(-(items[:, 3].astype(np.int64) - items[:, 2]) // 16)
-        got[refill] = (plan.slot_fill, len(items), int(tiles.max()), plan.paged_halves)
-    n_sm = _device_props(plan.device_id)[0]
-    (f1, n1, t1, h1), (f0, n0, t0, h0) = got["1"], got["0"]
-    assert h1 == h0 == 2
-    assert -(-L // 16) // n_sm >= 8, "the case is too short to fill every SM"
-    assert f1 and not f0 and n1 == n_sm > n0 and t1 < t0, got
-
-
 @pytest.mark.parametrize("fmt, hkv, d, kv_lens, halves", [
     ("int8_per_token_head", 8, 128, [40000], 2),   # 125 parts of 20 tiles: the dual ring (_dual_default)
     ("int8_per_token_head", 8, 128, [8192], 1),    # 64 parts of 8 tiles: too short for its prologue
