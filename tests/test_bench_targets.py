@@ -200,3 +200,27 @@ def test_cost_plot_one_panel_per_decode_target_with_its_fit():
         floor = c["row"]["median_ms"] / c["over_paged_floor"]
         assert cross.get_xdata()[0] == pytest.approx(floor)
         assert cross.get_ydata()[0] == pytest.approx(1e3 * (c["limit_ms"] - floor))
+
+
+def test_cost_model_of_a_target_fits_its_own_shape_only():
+    """Cases of another head shape on another line (d = 64: a steeper slope, more fixed cost) would
+    pull a fit over all cases; the target's model keeps to its case's heads and head size."""
+    rows = _model_rows()
+    for i, fl in enumerate((0.03, 0.2, 0.9)):
+        case = f"B={i + 1} L=131072 9/3 d=64"
+        ms = 1.14 * fl + 0.030
+        rows += [_row("kvlab int4_per_token_head [paged]", ms, ms / 0.25, targets.DEFAULT_MARK, case=case),
+                 _row("paged read floor [int4/nvfp4 bytes]", fl, fl / 0.25, case=case)]
+    impl = "kvlab int4_per_token_head [paged]"
+    mixed = targets.cost_model(rows, impl)
+    assert mixed["n"] == 8 and mixed["slope"] != pytest.approx(1.02, rel=1e-3)
+    own = targets.cost_model(rows, impl, "32/8 d=128")
+    assert own["n"] == 5 and own["slope"] == pytest.approx(1.02, rel=1e-9)
+    assert own["fixed_us"] == pytest.approx(10.0, rel=1e-7)
+    small = targets.cost_model(rows, impl, "9/3 d=64")
+    assert small["slope"] == pytest.approx(1.14, rel=1e-9) and small["fixed_us"] == pytest.approx(30.0, rel=1e-7)
+    (c,) = targets.check(rows, [_int4_target()])
+    assert c["model"]["n"] == 5 and c["model"]["slope"] == pytest.approx(1.02, rel=1e-9)
+    assert targets.case_shape("B=32 L=8192 32/8 d=128") == "32/8 d=128"
+    with pytest.raises(ValueError, match="not a decode case name"):
+        targets.case_shape("T=4096 causal 32/8 d=128")

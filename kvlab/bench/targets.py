@@ -16,8 +16,9 @@ is named in the table, so the choice is visible). The whole-call rows of the dec
 A target whose case or format is missing from the rows (a ``--quick`` run, another GPU, a suite
 not run) is reported as ``not measured``, never as met or missed.
 
-Why a decode target is missed: :func:`cost_model` fits, per decode kernel, its time over every case
-of the run as ``slope × (the paged read floor of the same bytes) + fixed`` — the loop's cost per
+Why a decode target is missed: :func:`cost_model` fits, per decode kernel, its time over the run's
+cases of the target's heads and head size (32 / 8, d = 128: other shapes stream at other rates
+per byte) as ``slope × (the paged read floor of the same bytes) + fixed`` — the loop's cost per
 byte against a pure reader's, and what a call costs beyond that whatever its size (the split
 merge, the start before the first data, the epilogue, the idle SMs). Each decode target then
 says how much fixed cost it leaves at the fitted slope (:func:`check`'s ``fixed_allowed_us``),
@@ -108,11 +109,22 @@ def _paged_floor_ms(rows, case: str, fmt: str) -> float | None:
 FIT_MIN_FLOOR_MS = 0.015
 
 
-def cost_model(rows, impl: str) -> dict | None:
+def case_shape(case: str) -> str:
+    """The heads and head size of a decode case name: ``"B=32 L=8192 32/8 d=128"`` → ``"32/8 d=128"``."""
+    parts = case.split(" ", 2)
+    if len(parts) != 3 or not parts[0].startswith("B=") or not parts[1].startswith("L="):
+        raise ValueError(f"case: not a decode case name 'B=… L=… Hq/Hkv d=…': {case!r}")
+    return parts[2]
+
+
+def cost_model(rows, impl: str, shape: str | None = None) -> dict | None:
     """Least-squares fit of the decode kernel ``impl`` (e.g. ``"kvlab int4_per_token_head
     [paged]"``) over the run's cases: ``median_ms ≈ slope · floor_ms + fixed_ms``, ``floor_ms``
     the paged read floor of the format's bytes in the same case (cases whose floor is below
-    :data:`FIT_MIN_FLOOR_MS` are left out). Returns ``slope``, ``fixed_us``, ``max_resid_us`` (the
+    :data:`FIT_MIN_FLOOR_MS` are left out; with ``shape``, e.g. ``"32/8 d=128"``, only the cases
+    of those heads and head size: at B = 32 × 128k int4 ran 1.14× its floor at 9 / 3, d = 64,
+    1.06× at 32 / 8, d = 64 and 1.02× at 32 / 8, d = 128 on the H100 (session 37), so one line over
+    all shapes lets the few long d = 64 cases set the fixed cost). Returns ``slope``, ``fixed_us``, ``max_resid_us`` (the
     largest |measured − fitted|), ``n`` (cases) and ``cases`` (``(case, floor_ms, ms)``), or None
     with fewer than 3 cases or floors all alike (nothing to fit a line to)."""
     fmt = _fmt_of(impl)
@@ -121,6 +133,8 @@ def cost_model(rows, impl: str) -> dict | None:
     pts = []
     for r in rows:
         if r.get("suite") != "decode" or r.get("impl") != impl or r.get("median_ms") is None:
+            continue
+        if shape is not None and case_shape(r["case"]) != shape:
             continue
         fl = _paged_floor_ms(rows, r["case"], fmt)
         if fl is not None and fl >= FIT_MIN_FLOOR_MS:
@@ -146,7 +160,7 @@ def check(rows, targets=TARGETS) -> list[dict]:
     baseline's time × ``limit`` for a ratio, the time at ``limit`` of the copy's GB/s for a copy
     fraction), ``paged_floor_ms`` (decode: the paged read floor of the row's bytes in the same
     run, else None), ``over_paged_floor`` (the row's time over it, else None), ``model`` (decode: :func:`cost_model` of
-    the row's kernel over the run, else None) and ``fixed_allowed_us`` (decode: the fixed cost
+    the row's kernel over the run's cases of the target's shape, else None) and ``fixed_allowed_us`` (decode: the fixed cost
     the limit leaves at the model's slope, ``limit_ms − slope · floor``, in µs; negative when even
     a call without fixed costs would miss; else None)."""
     out = []
@@ -163,7 +177,7 @@ def check(rows, targets=TARGETS) -> list[dict]:
         if row is not None and t.suite == "decode":
             fl = _paged_floor_ms(rows, t.case, t.fmt)
             over = row["median_ms"] / fl if fl else None
-            model = cost_model(rows, row["impl"])
+            model = cost_model(rows, row["impl"], case_shape(t.case))
             if model is not None and fl and limit_ms is not None:
                 allowed = 1e3 * (limit_ms - model["slope"] * fl)
         out.append(dict(target=t, row=row, value=value, status=status, limit_ms=limit_ms,
@@ -210,7 +224,8 @@ def _cost_lines(checked) -> list[str]:
     if not cs:
         return []
     lines = ["### what the decode targets leave for a call's fixed costs", "",
-             "Each kernel's time over every case of this run with a paged floor ≥ "
+             "Each kernel's time over this run's cases of the target's heads and head size "
+             "(its `cases`) with a paged floor ≥ "
              f"{1e3 * FIT_MIN_FLOOR_MS:g} µs, fitted as `slope × paged floor + fixed` "
              "(`targets.cost_model`); `allowed` is the fixed cost the target's limit leaves at "
              "that slope (`limit ms − slope × floor`): below the fitted `fixed`, the target needs "
