@@ -66,6 +66,11 @@ def _grid(quick):
     return [((32, 8, 128), full + [(64, 4096)]), ((9, 3, 64), small), ((32, 8, 64), small)]
 
 
+def _bf16_bytes(B, ctx, Hkv, d):
+    """Bytes of a bf16 K/V cache of ``B`` sequences of ``ctx`` tokens (K and V)."""
+    return 2 * B * ctx * Hkv * d * 2
+
+
 def case_peak_bytes(B, ctx, Hkv, d):
     """Device bytes that :func:`run` holds at its peak for one grid case (an estimate, exact in
     the arrays it counts; :data:`MEM_MARGIN` covers the rest).
@@ -76,8 +81,8 @@ def case_peak_bytes(B, ctx, Hkv, d):
     or copy buffer of up to the bf16 bytes, and one format's cache of up to the bf16 bytes. The
     index arrays add 16 bytes a token (int64 slots, built per sequence and concatenated)."""
     tokens = int(B) * int(ctx)
-    bf16 = 2 * tokens * Hkv * d * 2
-    eq = max((2 * B * floors.equal_bytes_context(ctx, rb, d) * Hkv * 2 * d
+    bf16 = _bf16_bytes(B, ctx, Hkv, d)
+    eq = max((_bf16_bytes(B, floors.equal_bytes_context(ctx, rb, d), Hkv, d)
               for rb in _distinct_sizes(d) if rb != 2 * d), default=0)
     return 2 * bf16 + eq + 16 * tokens + 4 * B * (-(-ctx // BLOCK_SIZE))
 
@@ -104,7 +109,7 @@ def _device_free_bytes(torch):
 
 
 def _not_run_row(case, B, ctx, Hkv, d, need, free, why=""):
-    bf16 = 2 * B * ctx * Hkv * d * 2
+    bf16 = _bf16_bytes(B, ctx, Hkv, d)
     return dict(suite=NAME, case=case, impl=NOT_RUN, median_ms=None, bytes=None, gbps=None,
                 frac_of_copy=None, ratio_vs_baseline=None,
                 notes=(f"needs ~{need / 2**30:.1f} GiB of device memory at its peak (bf16 K/V "
@@ -179,7 +184,7 @@ def _sdpa_equal_bytes_row(torch, case, B, ctx, Hkv, d, label, row_bytes, k_c, v_
     k_e, v_e = k_c[:, :, :ctx_eq].contiguous(), v_c[:, :, :ctx_eq].contiguous()
     r = bench_ms(lambda: _sdpa(torch, q_c, k_e, v_e, scale), repeats)
     del k_e, v_e
-    eq_bytes = 2 * B * ctx_eq * Hkv * 2 * d
+    eq_bytes = _bf16_bytes(B, ctx_eq, Hkv, d)
     g = gbps(eq_bytes, r["median_ms"])
     return dict(suite=NAME, case=case, impl=f"torch SDPA bf16 at {label} bytes (L={ctx_eq})",
                 median_ms=r["median_ms"], bytes=eq_bytes, gbps=g,
@@ -297,7 +302,7 @@ def _run_case(torch, case, B, ctx, Hq, Hkv, d, repeats, progress) -> list[dict]:
                for rb, names in sizes.items() if names != ["auto"]}
     del k_c, v_c
     _free_pools(torch)
-    bytes_bf16 = 2 * B * ctx * Hkv * d * 2
+    bytes_bf16 = _bf16_bytes(B, ctx, Hkv, d)
     cp_bf16 = copy_bandwidth_gbps(bytes_bf16, repeats)
     g_b = gbps(bytes_bf16, base["median_ms"])
     rows = [dict(suite=NAME, case=case, impl="torch SDPA bf16 (baseline)",
