@@ -43,11 +43,8 @@ if [ -n "$NVRTC_ENVS" ] && [ "${NVRTC:-}" != host ]; then
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.used --format=csv,noheader \
   | tee "$OUT/gpu.txt"
-# the device machine's copy carries the working tree over the landed history: its HEAD alone can name
-# an older commit than the files that ran, so the changed files are counted and hashed too
-{ git rev-parse --short HEAD; echo "files changed against it: $(git status --porcelain 2>/dev/null | wc -l)";
-  echo "tree: $(git ls-files -co --exclude-standard -- kvlab kernels_cu tests scripts | sort | xargs cat 2>/dev/null | sha256sum | cut -c1-16)"; } \
-  > "$OUT/commit.txt" 2>/dev/null || true
+source scripts/provenance.sh
+write_commit_txt "$OUT/commit.txt"
 if [ -z "${SKIP_CHECK:-}" ]; then
   timeout 300 python3 -m kvlab check --quiet > "$OUT/check.log" 2>&1; check_rc=$?
 else
