@@ -1225,6 +1225,30 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
 }
 
+// The merge's inputs — its work item and the query offsets — are read before griddepcontrol.wait,
+// while the decode grid still runs. Plain loads through the kernel's const __restrict__ pointers are
+// ld.global.nc, and ptxas moves those past griddepcontrol.wait: the SASS of the merge had ACQBULK
+// first, then the item's loads and, behind them, the query offsets' (the non-split form, B = 32 × 8k's;
+// the split form keeps what its early exit needs before the wait) — a dependent chain of DRAM
+// round trips (the timer flushes L2) between the release and the first load of a partial
+// (found in session 41 with scripts/sass_stats.py; docs/perf-notes.md "Session 41"). Strong loads
+// (ld.relaxed.gpu) stay in program order before it (tests/test_kernels_compile.py checks the SASS).
+// -DKVLAB_DECODE_MERGE_LATE_INPUTS builds the plain loads again (A/B; byte-identical to the merge
+// of sessions 30-40).
+__device__ __forceinline__ int merge_input_before_wait(const int* p) {
+  int v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+// the item row: 4 ints, 16-byte aligned (the plan's reduction rows follow the work rows of ITEM = 16
+// ints in one buffer, kvlab/cuda/attention.py)
+__device__ __forceinline__ int4 merge_item_before_wait(const int* p) {
+  int4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
 // Merge the splits of flash-decoding. Item: seq, tok0, part0, nparts (the parts are consecutive).
 // Reads nparts·(D + 2) floats per column, writes D elements.
 //   SPLIT = false: one CTA = (reduction item, column group y), one warp per column.
@@ -1242,13 +1266,24 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = SPLIT ? blockIdx.z : warp;   // the column
+#ifndef KVLAB_DECODE_MERGE_LATE_INPUTS
+  // the work item and the query offsets: inputs, loaded before griddepcontrol.wait (see
+  // merge_item_before_wait) so that only the partials' loads follow the decode grid's release
+  const int4 itm = merge_item_before_wait(red_items + 4 * blockIdx.x);
+  const int seq = itm.x, tok0 = itm.y, part0 = itm.z, nparts = itm.w;
+  const int qs = merge_input_before_wait(query_start_loc + seq);
+  const int Lq = merge_input_before_wait(query_start_loc + seq + 1) - qs;
+#else
   const int* it = red_items + 4 * blockIdx.x;
   const int seq = it[0], tok0 = it[1], part0 = it[2], nparts = it[3];
+#endif
   const int G = num_q_heads / num_kv_heads;
   const int nhg = G / hpc;
   const int kvh = blockIdx.y / nhg, hg = blockIdx.y % nhg;
+#ifdef KVLAB_DECODE_MERGE_LATE_INPUTS
   const int qs = query_start_loc[seq];
   const int Lq = query_start_loc[seq + 1] - qs;
+#endif
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads

@@ -595,15 +595,106 @@ def test_decode_probe_builds(opts, ok, monkeypatch):
     _check_ptx_build(monkeypatch, "paged_attention", "paged_attention_decode_paged<3, 128, __nv_bfloat16>", opts, ok)
 
 
-@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_MERGE_PROBE", "-DKVLAB_DECODE_MERGE_TWOPASS"])
+@pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_MERGE_PROBE", "-DKVLAB_DECODE_MERGE_TWOPASS",
+                                  "-DKVLAB_DECODE_MERGE_LATE_INPUTS"])
 @pytest.mark.parametrize("split", ["true", "false"])
 def test_merge_switch_builds(opts, split, monkeypatch):
-    """The split merge's session-28 builds compile (docs/perf-notes.md "Session 28"): the
-    measurement-only probe (launched and released, then nothing read or written) and the two-pass
-    order (the default before session 30: every run of parts loaded after the (m, l) pass), both
-    merge forms."""
+    """The split merge's A/B builds compile (docs/perf-notes.md "Session 28", "Session 41"): the
+    measurement-only probe (launched and released, then nothing read or written), the two-pass
+    order (the default before session 30: every run of parts loaded after the (m, l) pass) and
+    session 41's -DKVLAB_DECODE_MERGE_LATE_INPUTS (the item and query offsets as plain loads, which
+    ptxas moves after griddepcontrol.wait), both merge forms."""
     _check_ptx_build(monkeypatch, "paged_attention", f"paged_attention_reduce<128, __nv_bfloat16, true, {split}>",
                      opts, True)
+
+
+def _reduce_exprs():
+    from kvlab.cuda import attention  # noqa: F401  (registers the family's instantiations)
+
+    exprs = [s.name_expression() for s in loader.FAMILIES["paged_attention"]
+             if s.name_expression().startswith("paged_attention_reduce<")]
+    assert len(exprs) == 24   # 3 head sizes x 2 dtypes x rotation x split form
+    return exprs
+
+
+def _reduce_ptx(monkeypatch, opts):
+    """PTX text of every split-merge instantiation (sm_90) built with ``KVLAB_NVRTC_OPTIONS=opts``,
+    cut into one piece per kernel."""
+    import io
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
+                                  name_expressions=_reduce_exprs(), method="ptx")
+    ptx, _ = prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+    ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+    funcs = re.split(r"\n\.(?:weak|visible) \.entry ", ptx)[1:]
+    assert len(funcs) == 24
+    return funcs
+
+
+@pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False)])
+def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
+    """The split merge loads its work item (one 16-byte row) and its sequence's two query offsets
+    with strong loads (ld.relaxed.gpu) before griddepcontrol.wait, in every instantiation (session 41:
+    ptxas moves ld.global.nc loads — what the kernel's const __restrict__ pointers give — past the
+    wait, so the item and the offsets were read only after the decode grid's release, a dependent
+    chain of DRAM round trips in front of the partials' loads). The A/B build
+    -DKVLAB_DECODE_MERGE_LATE_INPUTS has no strong load at all. Runs in CI (NVRTC only); the
+    SASS order is checked by the test below where nvdisasm is installed."""
+    for f in _reduce_ptx(monkeypatch, opts):
+        wait = f.index("griddepcontrol.wait;")
+        before = f[:wait]
+        if early:
+            assert before.count("ld.relaxed.gpu.global.v4.b32") == 1, f[:80]
+            assert before.count("ld.relaxed.gpu.global.b32") == 2, f[:80]
+        else:
+            assert "ld.relaxed.gpu" not in f, f[:80]
+
+
+def test_merge_reads_its_inputs_before_the_wait_sass(monkeypatch):
+    """The same in SASS (what the GPU runs): in every split-merge instantiation the item row's
+    LDG.E.128.STRONG.GPU and the two query offsets' LDG.E.STRONG.GPU come before ACQBULK
+    (griddepcontrol.wait), and no load of a partial (LDG.E.CONSTANT) does. Skips without nvdisasm
+    (pip nvidia-cuda-nvdisasm, the ``dev`` extra)."""
+    import io
+    import shutil
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "")
+    exprs = _reduce_exprs()
+    nvdisasm = shutil.which("nvdisasm")
+    if nvdisasm is None:
+        try:
+            import nvidia.cu13  # type: ignore
+
+            for base in nvidia.cu13.__path__:
+                if (Path(base) / "bin" / "nvdisasm").exists():
+                    nvdisasm = str(Path(base) / "bin" / "nvdisasm")
+        except ImportError:
+            pass
+    if nvdisasm is None:
+        pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
+    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
+                                  name_expressions=exprs, method="cubin")
+    cubin, _ = prog.compile(loader.compile_options() + ("-arch=sm_90", "-ftz=true"), log_stream=io.StringIO())
+    with tempfile.TemporaryDirectory() as td:
+        path = f"{td}/k.cubin"
+        with open(path, "wb") as fh:
+            fh.write(loader._pad_elf(cubin))
+        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
+    funcs = re.split(r"\n\.text\.", sass)[1:]
+    assert len(funcs) == 24
+    for f in funcs:
+        before = f[:f.index("ACQBULK")]
+        assert before.count("LDG.E.128.STRONG.GPU") == 1, f[:80]
+        assert before.count("LDG.E.STRONG.GPU") == 2, f[:80]
+        assert "LDG.E.CONSTANT" not in before, f[:80]
 
 
 def test_offline_compile_cache(tmp_path, monkeypatch):
