@@ -1607,6 +1607,12 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     mbar_init_fence();
   }
   KVLAB_TL_MARK(0);
+#ifdef KVLAB_DECODE_PDL_AT_START
+  // A/B (session 41): the merge's launch allowed at the start, so that its CTAs can take the SMs the
+  // decode leaves idle and read their inputs there long before the release (session 12 measured this
+  // flat at B = 32 × 8k when the merge still read its inputs after the release)
+  KVLAB_PDL_LAUNCH_DEPENDENTS();
+#endif
 
   // KV range: the same for every warp (all column groups hold the same query tokens), so
   // every thread walks the same stages (the mbarrier counts rely on it). The columns'
@@ -2078,7 +2084,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     kvlab_decode_timeline[blockIdx.x * TL_WORDS + 23] = t;
   }
 #endif
+#ifndef KVLAB_DECODE_PDL_AT_START
   KVLAB_PDL_LAUNCH_DEPENDENTS();   // the merge may launch now (it waits for this grid before its reads)
+#endif
   // ---- epilogue: one warp per column group, no merge across warps
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);
