@@ -67,7 +67,9 @@
 // "Session 12"): each decode CTA allows the merge's launch once its main loop is done
 // (griddepcontrol.launch_dependents, before its epilogue), and the merge waits for the whole decode
 // grid (griddepcontrol.wait: its completion and its memory) right before it reads the partials;
-// what it reads before that (its work item, the query offsets) are inputs. The merge's launch and
+// what it reads before that (its work item, the query offsets) are inputs — in source order: ptxas
+// moves those plain loads after the wait unless -DKVLAB_DECODE_MERGE_EARLY_INPUTS (session 41, see
+// merge_input_before_wait). The merge's launch and
 // its first loads then overlap the last decode CTAs' epilogues: batch 1 × 128k −4 %, B = 32 × 8k
 // −1 % (session 12, call 2). The plan launches the merge with the attribute
 // (kvlab/cuda/launch.py, launch_dependent) only on sm_90+; elsewhere both instructions are
@@ -1233,8 +1235,9 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
 // round trips (the timer flushes L2) between the release and the first load of a partial
 // (found in session 41 with scripts/sass_stats.py; docs/perf-notes.md "Session 41"). Strong loads
 // (ld.relaxed.gpu) stay in program order before it (tests/test_kernels_compile.py checks the SASS).
-// -DKVLAB_DECODE_MERGE_LATE_INPUTS builds the plain loads again (A/B; byte-identical to the merge
-// of sessions 30-40).
+// -DKVLAB_DECODE_MERGE_EARLY_INPUTS builds them; the default keeps the plain loads (byte-identical
+// to the merge of sessions 30-40) until an H200 run has measured the switch (no GPU was lent in
+// session 41: docs/perf-notes.md "For the next session (session 41)").
 __device__ __forceinline__ int merge_input_before_wait(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -1266,7 +1269,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = SPLIT ? blockIdx.z : warp;   // the column
-#ifndef KVLAB_DECODE_MERGE_LATE_INPUTS
+#ifdef KVLAB_DECODE_MERGE_EARLY_INPUTS
   // the work item and the query offsets: inputs, loaded before griddepcontrol.wait (see
   // merge_item_before_wait) so that only the partials' loads follow the decode grid's release
   const int4 itm = merge_item_before_wait(red_items + 4 * blockIdx.x);
@@ -1280,7 +1283,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const int G = num_q_heads / num_kv_heads;
   const int nhg = G / hpc;
   const int kvh = blockIdx.y / nhg, hg = blockIdx.y % nhg;
-#ifdef KVLAB_DECODE_MERGE_LATE_INPUTS
+#ifndef KVLAB_DECODE_MERGE_EARLY_INPUTS
   const int qs = query_start_loc[seq];
   const int Lq = query_start_loc[seq + 1] - qs;
 #endif

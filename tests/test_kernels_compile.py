@@ -597,14 +597,14 @@ def test_decode_probe_builds(opts, ok, monkeypatch):
 
 
 @pytest.mark.parametrize("opts", ["-DKVLAB_DECODE_MERGE_PROBE", "-DKVLAB_DECODE_MERGE_TWOPASS",
-                                  "-DKVLAB_DECODE_MERGE_LATE_INPUTS"])
+                                  "-DKVLAB_DECODE_MERGE_EARLY_INPUTS"])
 @pytest.mark.parametrize("split", ["true", "false"])
 def test_merge_switch_builds(opts, split, monkeypatch):
     """The split merge's A/B builds compile (docs/perf-notes.md "Session 28", "Session 41"): the
     measurement-only probe (launched and released, then nothing read or written), the two-pass
     order (the default before session 30: every run of parts loaded after the (m, l) pass) and
-    session 41's -DKVLAB_DECODE_MERGE_LATE_INPUTS (the item and query offsets as plain loads, which
-    ptxas moves after griddepcontrol.wait), both merge forms."""
+    session 41's -DKVLAB_DECODE_MERGE_EARLY_INPUTS (the item and query offsets as strong loads, which
+    ptxas keeps before griddepcontrol.wait), both merge forms."""
     _check_ptx_build(monkeypatch, "paged_attention", f"paged_attention_reduce<128, __nv_bfloat16, true, {split}>",
                      opts, True)
 
@@ -635,15 +635,16 @@ def _reduce_ptx(monkeypatch, opts):
     return funcs
 
 
-@pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False)])
+@pytest.mark.parametrize("opts, early", [("-DKVLAB_DECODE_MERGE_EARLY_INPUTS", True), ("", False)])
 def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
-    """The split merge loads its work item (one 16-byte row) and its sequence's two query offsets
-    with strong loads (ld.relaxed.gpu) before griddepcontrol.wait, in every instantiation (session 41:
-    ptxas moves ld.global.nc loads — what the kernel's const __restrict__ pointers give — past the
-    wait, so the item and the offsets were read only after the decode grid's release, a dependent
-    chain of DRAM round trips in front of the partials' loads). The A/B build
-    -DKVLAB_DECODE_MERGE_LATE_INPUTS has no strong load at all. Runs in CI (NVRTC only); the
-    SASS order is checked by the test below where nvdisasm is installed."""
+    """In the -DKVLAB_DECODE_MERGE_EARLY_INPUTS build the split merge loads its work item (one
+    16-byte row) and its sequence's two query offsets with strong loads (ld.relaxed.gpu) before
+    griddepcontrol.wait, in every instantiation (session 41: ptxas moves ld.global.nc loads — what
+    the kernel's const __restrict__ pointers give — past the wait, so the default build reads the
+    item and the offsets only after the decode grid's release, a dependent chain of DRAM round
+    trips in front of the partials' loads). The default build (plain loads, as in sessions 30-40,
+    until an H200 run measures the switch) has no strong load at all. Runs in CI (NVRTC only);
+    the SASS order is checked by the test below where nvdisasm is installed."""
     for f in _reduce_ptx(monkeypatch, opts):
         wait = f.index("griddepcontrol.wait;")
         before = f[:wait]
@@ -655,7 +656,8 @@ def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
 
 
 def test_merge_reads_its_inputs_before_the_wait_sass(monkeypatch):
-    """The same in SASS (what the GPU runs): in every split-merge instantiation the item row's
+    """The same in SASS (what the GPU runs), -DKVLAB_DECODE_MERGE_EARLY_INPUTS build: in every
+    split-merge instantiation the item row's
     LDG.E.128.STRONG.GPU and the two query offsets' LDG.E.STRONG.GPU come before ACQBULK
     (griddepcontrol.wait), and no load of a partial (LDG.E.CONSTANT) does. Skips without nvdisasm
     (pip nvidia-cuda-nvdisasm, the ``dev`` extra)."""
@@ -667,7 +669,7 @@ def test_merge_reads_its_inputs_before_the_wait_sass(monkeypatch):
 
     from cupy.cuda import compiler
 
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "")
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_MERGE_EARLY_INPUTS")
     exprs = _reduce_exprs()
     nvdisasm = shutil.which("nvdisasm")
     if nvdisasm is None:
