@@ -143,33 +143,39 @@ def test_wgmma_prefill_family_is_sm90a_only():
         loader.compile_family_offline("paged_prefill_wgmma", "sm_90")
 
 
-def _wgmma_sass(exprs):
-    """(ptxas log, nvdisasm text or None) of the given wgmma prefill instantiations, built with the
-    loader's options (``KVLAB_NVRTC_OPTIONS`` included)."""
-    import io
+def _nvdisasm():
+    """Path of nvdisasm (on PATH or from the pip package nvidia-cuda-nvdisasm, the ``dev`` extra), or None."""
     import shutil
-    import subprocess
-    import tempfile
     from pathlib import Path
 
-    from cupy.cuda import compiler
-
-    prog = compiler._NVRTCProgram(loader.read_source("paged_prefill_wgmma"), "paged_prefill_wgmma.cu",
-                                  name_expressions=exprs, method="cubin")
-    log = io.StringIO()
-    cubin, _ = prog.compile(loader.compile_options() + ("-arch=sm_90a", "-ftz=true", "--ptxas-options=-v"),
-                            log_stream=log)
-    nvdisasm = shutil.which("nvdisasm")
-    if nvdisasm is None:
+    exe = shutil.which("nvdisasm")
+    if exe is None:
         try:
             import nvidia.cu13  # type: ignore
 
             for base in nvidia.cu13.__path__:
-                cand = Path(base) / "bin" / "nvdisasm"
-                if cand.exists():
-                    nvdisasm = str(cand)
+                if (Path(base) / "bin" / "nvdisasm").exists():
+                    exe = str(Path(base) / "bin" / "nvdisasm")
         except ImportError:
             pass
+    return exe
+
+
+def _family_sass(family, exprs, arch, extra=()):
+    """(ptxas log, nvdisasm text or None) of the given instantiations of ``family``, built for ``arch``
+    with the loader's options (``KVLAB_NVRTC_OPTIONS`` included) and ``extra``."""
+    import io
+    import subprocess
+    import tempfile
+
+    from cupy.cuda import compiler
+
+    prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=exprs,
+                                  method="cubin")
+    log = io.StringIO()
+    cubin, _ = prog.compile(loader.compile_options() + (f"-arch={arch}", "-ftz=true") + tuple(extra),
+                            log_stream=log)
+    nvdisasm = _nvdisasm()
     if nvdisasm is None:
         return log.getvalue(), None
     with tempfile.TemporaryDirectory() as td:
@@ -178,6 +184,12 @@ def _wgmma_sass(exprs):
             f.write(loader._pad_elf(cubin))
         sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
     return log.getvalue(), sass
+
+
+def _wgmma_sass(exprs):
+    """(ptxas log, nvdisasm text or None) of the given wgmma prefill instantiations, built with the
+    loader's options (``KVLAB_NVRTC_OPTIONS`` included)."""
+    return _family_sass("paged_prefill_wgmma", exprs, "sm_90a", ("--ptxas-options=-v",))
 
 
 @pytest.mark.parametrize("options", ["", "-DKVLAB_WGMMA_WS_STAGES=2", "-DKVLAB_WGMMA_WS_STAGES=3",
@@ -657,40 +669,13 @@ def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
 
 def test_merge_reads_its_inputs_before_the_wait_sass(monkeypatch):
     """The same in SASS (what the GPU runs), -DKVLAB_DECODE_MERGE_EARLY_INPUTS build: in every
-    split-merge instantiation the item row's
-    LDG.E.128.STRONG.GPU and the two query offsets' LDG.E.STRONG.GPU come before ACQBULK
-    (griddepcontrol.wait), and no load of a partial (LDG.E.CONSTANT) does. Skips without nvdisasm
-    (pip nvidia-cuda-nvdisasm, the ``dev`` extra)."""
-    import io
-    import shutil
-    import subprocess
-    import tempfile
-    from pathlib import Path
-
-    from cupy.cuda import compiler
-
+    split-merge instantiation the item row's LDG.E.128.STRONG.GPU and the two query offsets'
+    LDG.E.STRONG.GPU come before ACQBULK (griddepcontrol.wait), and no load of a partial
+    (LDG.E.CONSTANT) does. Skips without nvdisasm (pip nvidia-cuda-nvdisasm, the ``dev`` extra)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_MERGE_EARLY_INPUTS")
-    exprs = _reduce_exprs()
-    nvdisasm = shutil.which("nvdisasm")
-    if nvdisasm is None:
-        try:
-            import nvidia.cu13  # type: ignore
-
-            for base in nvidia.cu13.__path__:
-                if (Path(base) / "bin" / "nvdisasm").exists():
-                    nvdisasm = str(Path(base) / "bin" / "nvdisasm")
-        except ImportError:
-            pass
-    if nvdisasm is None:
+    _, sass = _family_sass("paged_attention", _reduce_exprs(), "sm_90")
+    if sass is None:
         pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
-    prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
-                                  name_expressions=exprs, method="cubin")
-    cubin, _ = prog.compile(loader.compile_options() + ("-arch=sm_90", "-ftz=true"), log_stream=io.StringIO())
-    with tempfile.TemporaryDirectory() as td:
-        path = f"{td}/k.cubin"
-        with open(path, "wb") as fh:
-            fh.write(loader._pad_elf(cubin))
-        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
     funcs = re.split(r"\n\.text\.", sass)[1:]
     assert len(funcs) == 24
     for f in funcs:
