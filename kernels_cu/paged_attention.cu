@@ -1227,9 +1227,10 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
 }
 
-// The merge's inputs — its work item and the query offsets — are read before griddepcontrol.wait,
-// while the decode grid still runs. Plain loads through the kernel's const __restrict__ pointers are
-// ld.global.nc, and ptxas moves those past griddepcontrol.wait: the SASS of the merge had ACQBULK
+// The merge's inputs — its work item and the query offsets — are meant to be read before
+// griddepcontrol.wait, while the decode grid still runs. Plain loads through the kernel's const
+// __restrict__ pointers are ld.global.nc, and ptxas moves those past griddepcontrol.wait: the SASS of
+// the merge has ACQBULK
 // first, then the item's loads and, behind them, the query offsets' (the non-split form, B = 32 × 8k's;
 // the split form keeps what its early exit needs before the wait) — a dependent chain of DRAM
 // round trips (the timer flushes L2) between the release and the first load of a partial
