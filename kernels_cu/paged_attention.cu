@@ -67,16 +67,17 @@
 // "Session 12"): each decode CTA allows the merge's launch once its main loop is done
 // (griddepcontrol.launch_dependents, before its epilogue), and the merge waits for the whole decode
 // grid (griddepcontrol.wait: its completion and its memory) right before it reads the partials;
-// what it reads before that (its work item, the query offsets) are inputs — in source order: ptxas
-// moves those plain loads after the wait unless -DKVLAB_DECODE_MERGE_EARLY_INPUTS (session 41, see
-// merge_input_before_wait). The merge's launch and
-// its first loads then overlap the last decode CTAs' epilogues: batch 1 × 128k −4 %, B = 32 × 8k
+// what it reads before that (its work item, the query offsets) are inputs, read by strong loads so
+// that ptxas keeps them before the wait (session 42; see merge_input_before_wait). The merge's launch
+// and its first loads then overlap the last decode CTAs' epilogues: batch 1 × 128k −4 %, B = 32 × 8k
 // −1 % (session 12, call 2). The plan launches the merge with the attribute
 // (kvlab/cuda/launch.py, launch_dependent) only on sm_90+; elsewhere both instructions are
 // compiled out. -DKVLAB_DECODE_NO_PDL compiles them out everywhere and the plan launches the
 // merge as an ordinary kernel (A/B; KVLAB_DECODE_PDL=0 does the same on the host side alone).
-// Triggering at the decode kernel's *start* instead was measured too: flat at B = 32, batch 1
-// +11 % (the merge's CTAs sat on the free slots while the decode streamed).
+// Triggering at the decode kernel's *start* instead was measured twice: flat at B = 32, batch 1
+// +11 % (session 12: the merge's CTAs sat on the free slots while the decode streamed); with the
+// early inputs −0 … −0.4 µs at B = 32 × 8k over them and batch 1 × 128k +2.2 … +3.1 µs (session 42,
+// H100), so it is not kept.
 #if !defined(KVLAB_DECODE_NO_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVLAB_PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define KVLAB_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
@@ -1227,18 +1228,16 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
 }
 
-// The merge's inputs — its work item and the query offsets — are meant to be read before
-// griddepcontrol.wait, while the decode grid still runs. Plain loads through the kernel's const
-// __restrict__ pointers are ld.global.nc, and ptxas moves those past griddepcontrol.wait: the SASS of
-// the merge has ACQBULK
-// first, then the item's loads and, behind them, the query offsets' (the non-split form, B = 32 × 8k's;
-// the split form keeps what its early exit needs before the wait) — a dependent chain of DRAM
-// round trips (the timer flushes L2) between the release and the first load of a partial
-// (found in session 41 with scripts/sass_stats.py; docs/perf-notes.md "Session 41"). Strong loads
-// (ld.relaxed.gpu) stay in program order before it (tests/test_kernels_compile.py checks the SASS).
-// -DKVLAB_DECODE_MERGE_EARLY_INPUTS builds them; the default keeps the plain loads (byte-identical
-// to the merge of sessions 30-40) until an H200 run has measured the switch (no GPU was lent in
-// session 41: docs/perf-notes.md "For the next session (session 41)").
+// The merge's inputs — its work item and the query offsets — are read before griddepcontrol.wait,
+// while the decode grid still runs. Plain loads through the kernel's const __restrict__ pointers
+// would be ld.global.nc, and ptxas moves those past griddepcontrol.wait: the merge of sessions 30-41
+// ran ACQBULK first, then the item's loads and, behind them, the query offsets' (the non-split form,
+// B = 32 × 8k's) — a dependent chain of DRAM round trips (the timer flushes L2) between the release
+// and the first load of a partial (found in session 41 with scripts/sass_stats.py; docs/perf-notes.md
+// "Session 41"). Strong loads (ld.relaxed.gpu) stay in program order before it
+// (tests/test_kernels_compile.py checks the PTX and the SASS). Measured in session 42 (H100, six
+// A/B pairs, docs/perf-notes.md "Session 42"): the default picks at B = 32 × 8k −0.6 … −1.5 µs,
+// batch 1 × 128k and 64 × 4k flat. -DKVLAB_DECODE_MERGE_LATE_INPUTS builds the plain loads (A/B).
 __device__ __forceinline__ int merge_input_before_wait(const int* p) {
   int v;
   asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p));
@@ -1270,7 +1269,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   constexpr int E = D / 32;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int n = SPLIT ? blockIdx.z : warp;   // the column
-#ifdef KVLAB_DECODE_MERGE_EARLY_INPUTS
+#ifndef KVLAB_DECODE_MERGE_LATE_INPUTS
   // the work item and the query offsets: inputs, loaded before griddepcontrol.wait (see
   // merge_item_before_wait) so that only the partials' loads follow the decode grid's release
   const int4 itm = merge_item_before_wait(red_items + 4 * blockIdx.x);
@@ -1284,7 +1283,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const int G = num_q_heads / num_kv_heads;
   const int nhg = G / hpc;
   const int kvh = blockIdx.y / nhg, hg = blockIdx.y % nhg;
-#ifndef KVLAB_DECODE_MERGE_EARLY_INPUTS
+#ifdef KVLAB_DECODE_MERGE_LATE_INPUTS
   const int qs = query_start_loc[seq];
   const int Lq = query_start_loc[seq + 1] - qs;
 #endif
@@ -1611,12 +1610,6 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     mbar_init_fence();
   }
   KVLAB_TL_MARK(0);
-#ifdef KVLAB_DECODE_PDL_AT_START
-  // A/B (session 41): the merge's launch allowed at the start, so that its CTAs can take the SMs the
-  // decode leaves idle and read their inputs there long before the release (session 12 measured this
-  // flat at B = 32 × 8k when the merge still read its inputs after the release)
-  KVLAB_PDL_LAUNCH_DEPENDENTS();
-#endif
 
   // KV range: the same for every warp (all column groups hold the same query tokens), so
   // every thread walks the same stages (the mbarrier counts rely on it). The columns'
@@ -2088,9 +2081,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     kvlab_decode_timeline[blockIdx.x * TL_WORDS + 23] = t;
   }
 #endif
-#ifndef KVLAB_DECODE_PDL_AT_START
   KVLAB_PDL_LAUNCH_DEPENDENTS();   // the merge may launch now (it waits for this grid before its reads)
-#endif
   // ---- epilogue: one warp per column group, no merge across warps
   l += __shfl_xor_sync(0xffffffffu, l, 1);
   l += __shfl_xor_sync(0xffffffffu, l, 2);

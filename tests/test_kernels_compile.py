@@ -540,7 +540,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_SCALE_X2",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS -DKVLAB_NO_E2M1_SELECT",
-                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS", "-DKVLAB_DECODE_PDL_AT_START"]
+                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS"]
 
 
 @pytest.mark.parametrize("arch, opts", [("sm_90", ""), ("sm_80", "")] +
@@ -564,8 +564,7 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_FP8_CONTIGUOUS (fp8 rows read as consecutive bytes, not interleaved words) together
     with session 35's -DKVLAB_NO_E2M1_SELECT (E2M1 byte words by mask-and-or, not bit-selects) and with
     -DKVLAB_DECODE_KV_SPLIT (session 20's staged layout: a stage's K side, then its V side; since
-    session 21 a staged chunk keeps its K and V rows together, one bulk copy per block) and with session 41's
-    -DKVLAB_DECODE_PDL_AT_START (the paged decode allows the merge's launch at its start); the int4 and nvfp4
+    session 21 a staged chunk keeps its K and V rows together, one bulk copy per block); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM), and so do the
     dual-ring CTAs of every quantized format (one CTA of 16 warps per SM, session 17)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
@@ -614,8 +613,8 @@ def test_merge_switch_builds(opts, split, monkeypatch):
     """The split merge's session-28 builds compile (docs/perf-notes.md "Session 28"): the
     measurement-only probe (launched and released, then nothing read or written) and the two-pass
     order (the default before session 30: every run of parts loaded after the (m, l) pass), both
-    merge forms. (Session 41's -DKVLAB_DECODE_MERGE_EARLY_INPUTS is compiled, every instantiation,
-    by test_merge_reads_its_inputs_before_the_wait_ptx.)"""
+    merge forms. (-DKVLAB_DECODE_MERGE_LATE_INPUTS, the inputs' plain loads of sessions 30-41, is
+    compiled, every instantiation, by test_merge_reads_its_inputs_before_the_wait_ptx.)"""
     _check_ptx_build(monkeypatch, "paged_attention", f"paged_attention_reduce<128, __nv_bfloat16, true, {split}>",
                      opts, True)
 
@@ -646,16 +645,16 @@ def _reduce_ptx(monkeypatch, opts):
     return funcs
 
 
-@pytest.mark.parametrize("opts, early", [("-DKVLAB_DECODE_MERGE_EARLY_INPUTS", True), ("", False)])
+@pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False)])
 def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
-    """In the -DKVLAB_DECODE_MERGE_EARLY_INPUTS build the split merge loads its work item (one
-    16-byte row) and its sequence's two query offsets with strong loads (ld.relaxed.gpu) before
-    griddepcontrol.wait, in every instantiation (session 41: ptxas moves ld.global.nc loads — what
-    the kernel's const __restrict__ pointers give — past the wait, so the default build reads the
-    item and the offsets only after the decode grid's release, a dependent chain of DRAM round
-    trips in front of the partials' loads). The default build (plain loads, as in sessions 30-40,
-    until an H200 run measures the switch) has no strong load at all. Runs in CI (NVRTC only);
-    the SASS order is checked by the test below where nvdisasm is installed."""
+    """The split merge loads its work item (one 16-byte row) and its sequence's two query offsets
+    with strong loads (ld.relaxed.gpu) before griddepcontrol.wait, in every instantiation (session 41:
+    ptxas moves ld.global.nc loads — what the kernel's const __restrict__ pointers give — past the
+    wait, so plain loads read the item and the offsets only after the decode grid's release, a
+    dependent chain of DRAM round trips in front of the partials' loads; the default since session
+    42). The -DKVLAB_DECODE_MERGE_LATE_INPUTS build (plain loads, as in sessions 30-41) has no strong
+    load at all. Runs in CI (NVRTC only); the SASS order is checked by the test below where nvdisasm
+    is installed."""
     for f in _reduce_ptx(monkeypatch, opts):
         wait = f.index("griddepcontrol.wait;")
         before = f[:wait]
@@ -667,11 +666,11 @@ def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
 
 
 def test_merge_reads_its_inputs_before_the_wait_sass(monkeypatch):
-    """The same in SASS (what the GPU runs), -DKVLAB_DECODE_MERGE_EARLY_INPUTS build: in every
-    split-merge instantiation the item row's LDG.E.128.STRONG.GPU and the two query offsets'
-    LDG.E.STRONG.GPU come before ACQBULK (griddepcontrol.wait), and no load of a partial
-    (LDG.E.CONSTANT) does. Skips without nvdisasm (pip nvidia-cuda-nvdisasm, the ``dev`` extra)."""
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_MERGE_EARLY_INPUTS")
+    """The same in SASS (what the GPU runs), default build: in every split-merge instantiation the
+    item row's LDG.E.128.STRONG.GPU and the two query offsets' LDG.E.STRONG.GPU come before ACQBULK
+    (griddepcontrol.wait), and no load of a partial (LDG.E.CONSTANT) does. Skips without nvdisasm
+    (pip nvidia-cuda-nvdisasm, the ``dev`` extra)."""
+    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
     _, sass = _family_sass("paged_attention", _reduce_exprs(), "sm_90")
     if sass is None:
         pytest.skip("nvdisasm not installed (pip nvidia-cuda-nvdisasm)")
