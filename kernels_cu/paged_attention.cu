@@ -76,8 +76,8 @@
 // merge as an ordinary kernel (A/B; KVLAB_DECODE_PDL=0 does the same on the host side alone).
 // Triggering at the decode kernel's *start* instead was measured twice: flat at B = 32, batch 1
 // +11 % (session 12: the merge's CTAs sat on the free slots while the decode streamed); with the
-// early inputs −0 … −0.4 µs at B = 32 × 8k over them and batch 1 × 128k +2.2 … +3.1 µs (session 42,
-// H100), so it is not kept.
+// early inputs −0.3 … +0.5 µs at B = 32 × 8k over them and batch 1 × 128k +2.2 … +3.1 µs (session 42,
+// H100, the kernels the default picks), so it is not kept.
 #if !defined(KVLAB_DECODE_NO_PDL) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define KVLAB_PDL_LAUNCH_DEPENDENTS() asm volatile("griddepcontrol.launch_dependents;" ::: "memory")
 #define KVLAB_PDL_WAIT() asm volatile("griddepcontrol.wait;" ::: "memory")
