@@ -20,7 +20,6 @@ import argparse
 import collections
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -32,46 +31,26 @@ from kvlab.cuda import loader  # noqa: E402
 
 
 def find_nvdisasm() -> str:
-    exe = shutil.which("nvdisasm")
-    if exe:
-        return exe
-    try:
-        import nvidia.cu13  # type: ignore
-
-        for base in nvidia.cu13.__path__:
-            cand = Path(base) / "bin" / "nvdisasm"
-            if cand.exists():
-                return str(cand)
-    except ImportError:
-        pass
-    sys.exit("nvdisasm not found: pip install 'nvidia-cuda-nvdisasm==13.*'")
+    return loader.nvdisasm_path() or sys.exit("nvdisasm not found: pip install 'nvidia-cuda-nvdisasm==13.*'")
 
 
 def compile_cubin(family: str, filters: list[str], arch: str) -> tuple[bytes, dict, dict]:
     """(cubin, lowered name -> name expression, name expression -> registers)."""
-    import io
-
-    from cupy.cuda import compiler
-
     specs = loader._ensure_family(family)
     exprs = [s.name_expression() for s in specs if all(f in s.name_expression() for f in filters)]
     if not exprs:
         sys.exit(f"no instantiation of {family!r} matches {filters}; e.g. {specs[0].name_expression()}")
-    prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=exprs,
-                                  method="cubin")
-    log = io.StringIO()
-    cubin, mapping = prog.compile(loader.compile_options() + (f"-arch={arch}", "-ftz=true",  # as CuPy
-                                                              "--ptxas-options=-v"), log_stream=log)
-    demangled = {v: k for k, v in (mapping or {}).items()}
+    cubin, mapping, log = loader.offline_cubin(family, exprs, arch, ("--ptxas-options=-v",))
+    demangled = {v: k for k, v in mapping.items()}
     regs, cur = {}, None
-    for line in log.getvalue().splitlines():
+    for line in log.splitlines():
         m = re.search(r"Compiling entry function '([^']+)'", line)
         if m:
             cur = demangled.get(m.group(1), m.group(1))
         m = re.search(r"Used (\d+) registers", line)
         if m and cur:
             regs[cur] = int(m.group(1))
-    return loader._pad_elf(cubin), demangled, regs
+    return cubin, demangled, regs
 
 
 _FN = re.compile(r"^\s*\.text\.(\S+):")

@@ -143,47 +143,11 @@ def test_wgmma_prefill_family_is_sm90a_only():
         loader.compile_family_offline("paged_prefill_wgmma", "sm_90")
 
 
-def _nvdisasm():
-    """Path of nvdisasm (on PATH or from the pip package nvidia-cuda-nvdisasm, the ``dev`` extra), or None."""
-    import shutil
-    from pathlib import Path
-
-    exe = shutil.which("nvdisasm")
-    if exe is None:
-        try:
-            import nvidia.cu13  # type: ignore
-
-            for base in nvidia.cu13.__path__:
-                if (Path(base) / "bin" / "nvdisasm").exists():
-                    exe = str(Path(base) / "bin" / "nvdisasm")
-        except ImportError:
-            pass
-    return exe
-
-
 def _family_sass(family, exprs, arch, extra=()):
-    """(ptxas log, nvdisasm text or None) of the given instantiations of ``family``, built for ``arch``
+    """(compile log, nvdisasm text or None) of the given instantiations of ``family``, built for ``arch``
     with the loader's options (``KVLAB_NVRTC_OPTIONS`` included) and ``extra``."""
-    import io
-    import subprocess
-    import tempfile
-
-    from cupy.cuda import compiler
-
-    prog = compiler._NVRTCProgram(loader.read_source(family), f"{family}.cu", name_expressions=exprs,
-                                  method="cubin")
-    log = io.StringIO()
-    cubin, _ = prog.compile(loader.compile_options() + (f"-arch={arch}", "-ftz=true") + tuple(extra),
-                            log_stream=log)
-    nvdisasm = _nvdisasm()
-    if nvdisasm is None:
-        return log.getvalue(), None
-    with tempfile.TemporaryDirectory() as td:
-        path = f"{td}/k.cubin"
-        with open(path, "wb") as f:
-            f.write(loader._pad_elf(cubin))
-        sass = subprocess.run([nvdisasm, "-c", path], capture_output=True, text=True, check=True).stdout
-    return log.getvalue(), sass
+    cubin, _, log = loader.offline_cubin(family, exprs, arch, extra)
+    return log, loader.disassemble(cubin)
 
 
 def _wgmma_sass(exprs):

@@ -267,6 +267,55 @@ def _pad_elf(b: bytes) -> bytes:
     return b + b"\0" * max(0, need - len(b))
 
 
+def offline_cubin(family: str, exprs: list, arch: str, extra: tuple = ()) -> tuple[bytes, dict, str]:
+    """NVRTC -> cubin of the instantiations ``exprs`` of ``family`` for ``arch``, without a GPU and
+    without a cache: the loader's options (``KVLAB_NVRTC_OPTIONS`` included), ``-ftz=true`` as at run
+    time, then ``extra``. Returns (the cubin, padded as ``_pad_elf`` does; name expression -> lowered
+    name; the compile log, where ``extra`` has ``--ptxas-options=-v`` the ptxas report). For the SASS
+    tools (``scripts/sass_stats.py``) and the SASS tests."""
+    import io
+
+    from cupy.cuda import compiler
+
+    prog = compiler._NVRTCProgram(read_source(family), f"{family}.cu", name_expressions=exprs, method="cubin")
+    log = io.StringIO()
+    cubin, mapping = prog.compile(compile_options() + (f"-arch={arch}", "-ftz=true") + tuple(extra),
+                                  log_stream=log)
+    return _pad_elf(cubin), dict(mapping or {}), log.getvalue()
+
+
+def nvdisasm_path() -> str | None:
+    """nvdisasm on PATH or from the pip package ``nvidia-cuda-nvdisasm`` (13.x, the ``dev`` extra), or None."""
+    import shutil
+
+    exe = shutil.which("nvdisasm")
+    if exe:
+        return exe
+    try:
+        import nvidia.cu13  # type: ignore
+    except ImportError:
+        return None
+    for base in nvidia.cu13.__path__:
+        cand = Path(base) / "bin" / "nvdisasm"
+        if cand.exists():
+            return str(cand)
+    return None
+
+
+def disassemble(cubin: bytes) -> str | None:
+    """``nvdisasm -c`` text of a cubin (as ``offline_cubin`` returns it), or None without nvdisasm."""
+    import subprocess
+    import tempfile
+
+    exe = nvdisasm_path()
+    if exe is None:
+        return None
+    with tempfile.TemporaryDirectory() as td:
+        path = Path(td) / "k.cubin"
+        path.write_bytes(cubin)
+        return subprocess.run([exe, "-c", str(path)], capture_output=True, text=True, check=True).stdout
+
+
 def get_kernel(spec: KernelSpec, device_id: int | None = None):
     """The compiled ``cupy.RawKernel`` of one instantiation (compiled once per device).
 
