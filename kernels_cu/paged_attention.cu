@@ -493,6 +493,21 @@ __device__ __forceinline__ void store_acc_columns(float* ow, const float (&acc)[
   }
 }
 
+// The output columns that hold a query row: column n is query head n % hpc of token tok0 + n / hpc,
+// so the columns with a row are a prefix of the NCOL — hpc of them per token, min(tpc, Lq − tok0)
+// tokens. A decode item (Lq = 1) at G = 4 has 4 of 8 (9 / 3 heads: 3). The decode epilogues skip
+// the others (no partial written) and the merge has no warp or CTA for them (its launch is cut to
+// the plan's red_cols, kvlab/cuda/attention.py): docs/perf-notes.md "Session 43". The measurement
+// build -DKVLAB_DECODE_ALL_COLUMNS finishes all NCOL (the kernels of sessions 1-42, for A/B).
+__device__ __forceinline__ int query_columns(int tok0, int hpc, int tpc, int Lq) {
+#ifdef KVLAB_DECODE_ALL_COLUMNS
+  return NCOL;
+#else
+  const int toks = Lq - tok0 < tpc ? Lq - tok0 : tpc;
+  return toks * hpc;
+#endif
+}
+
 // One output column n (one warp, E elements per lane, unnormalized, V factor applied) with
 // softmax max M and sum Ls: the float32 partial of split `part` at `slot`, or the final row
 // (÷ Ls, int4 inverse rotation) for a valid column.
@@ -1206,7 +1221,8 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncthreads();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  for (int n = warp; n < NCOL; n += NW) {
+  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // the columns with a query row
+  for (int n = warp; n < ncol; n += NW) {
     float M = m_sm[0][n];
 #pragma unroll
     for (int w = 1; w < NW; ++w) M = fmaxf(M, m_sm[w][n]);
@@ -1289,7 +1305,14 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #endif
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
+#ifdef KVLAB_DECODE_ALL_COLUMNS
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
+#else
+  // a column without a query row has no partials (query_columns): its warp (SPLIT: its whole CTA,
+  // before the __syncthreads) ends here. The plan launches only the first red_cols columns, so
+  // this is left for the items of a mixed batch with fewer rows than the longest.
+  if (!valid) return;
+#endif
   KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
 #ifdef KVLAB_DECODE_MERGE_PROBE
   // measurement only, wrong outputs (docs/perf-notes.md "Session 28"): the merge launched and
@@ -2096,8 +2119,9 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncwarp();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
+  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // the columns with a query row
   if constexpr (NH == 1) {
-    for (int n = 0; n < NCOL; ++n) {
+    for (int n = 0; n < ncol; ++n) {
       const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
       float x[E];
 #pragma unroll
@@ -2113,7 +2137,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
     __syncthreads();
     const float* oa = reinterpret_cast<const float*>(dsm) + static_cast<size_t>(cg) * NCOL * D;
     const float* ob = oa + static_cast<size_t>(ny) * NCOL * D;
-    for (int n = half; n < NCOL; n += NH) {
+    for (int n = half; n < ncol; n += NH) {
       const float ma = mo_sm[cg][n], mb = mo_sm[cg + ny][n];
       const float M = fmaxf(ma, mb);
       const float fa = exp2f(ma - M), fb = exp2f(mb - M);

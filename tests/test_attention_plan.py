@@ -403,6 +403,35 @@ def test_reduce_split_choice(monkeypatch):
         reduce_split(1, 8, 132)
 
 
+@pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 8])
+def test_merge_columns_are_the_query_rows(group, monkeypatch):
+    """The merge launches the columns with a query row and no more (session 43): column n is query
+    head n % hpc of token tok0 + n // hpc, so a decode batch (one token per sequence) needs hpc of
+    the 8 and a longer query min(tpc, rows left) · hpc. Counted here by enumerating the columns, as
+    the kernels' validity test does (n < tpc·hpc and tok0 + n // hpc < Lq), on random items; the
+    all-columns A/B build launches 8."""
+    from kvlab.cuda.attention import NCOL, heads_per_column_group, merge_columns
+
+    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
+    hpc = heads_per_column_group(group)
+    tpc = NCOL // hpc
+    rng = np.random.default_rng(1000 + group)
+    for trial in range(20):
+        S = int(rng.integers(1, 12))
+        qlen = rng.integers(1, 3 * tpc + 2, S) if trial % 2 else np.ones(S, np.int64)
+        rows = [(s, t0, 0, 2) for s in range(S) for t0 in range(0, int(qlen[s]), tpc)]
+        pick = rng.permutation(len(rows))[: int(rng.integers(1, len(rows) + 1))]
+        red = np.array([rows[i] for i in sorted(pick)], np.int32)
+        want = max(sum(1 for n in range(NCOL) if n < tpc * hpc and t0 + n // hpc < qlen[s])
+                   for s, t0, _, _ in red)
+        assert merge_columns(red, qlen, hpc, tpc) == want
+        if trial % 2 == 0:
+            assert want == hpc   # decode: one token, hpc query heads
+    assert merge_columns(np.zeros((0, 4), np.int32), np.ones(3, np.int64), hpc, tpc) == NCOL
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_ALL_COLUMNS")
+    assert merge_columns(np.array([[0, 0, 0, 2]], np.int32), np.ones(1, np.int64), hpc, tpc) == NCOL
+
+
 def _check_same_work(before, after):
     """Every split group keeps its parts and its whole range, cut into contiguous pieces."""
     assert sorted(map(tuple, before[:, [0, 1, 4]])) == sorted(map(tuple, after[:, [0, 1, 4]]))

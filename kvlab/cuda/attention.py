@@ -537,6 +537,22 @@ def reduce_split(n_red: int, ny: int, sm_count: int) -> bool:
     return 0 < n_red * ny < sm_count
 
 
+def merge_columns(red: np.ndarray, qlen: np.ndarray, hpc: int, tpc: int) -> int:
+    """Output columns the split merge launches per (item, column group): the most that any of the
+    reduction items ``red`` (int32 rows seq, tok0, part0, nparts) has with a query row. Column n is
+    query head ``n % hpc`` of token ``tok0 + n // hpc``, so those are a prefix of the ``NCOL``:
+    ``min(tpc, qlen[seq] - tok0) · hpc`` (``qlen``: each sequence's query length). A decode batch
+    at 32 / 8 heads (hpc = 4, one token) merges 4 columns, not 8; the decode kernels write no
+    partials for the others (``query_columns`` in paged_attention.cu). A build with
+    ``-DKVLAB_DECODE_ALL_COLUMNS`` (the kernels before session 43, for A/B) gets ``NCOL``."""
+    from .loader import user_options
+
+    if len(red) == 0 or "-DKVLAB_DECODE_ALL_COLUMNS" in user_options():
+        return NCOL
+    toks = np.minimum(tpc, np.asarray(qlen)[red[:, 0]] - red[:, 1])
+    return int(min(NCOL, max(1, int(toks.max()) * hpc)))
+
+
 def heads_per_column_group(group: int) -> int:
     """Query heads of one KV head placed side by side in the 8 columns: the largest divisor of G ≤ 8."""
     for h in range(min(group, NCOL), 0, -1):
@@ -651,6 +667,7 @@ class AttentionPlan:
     pf_items: object = None   # device int32 (n_pf, 2): seq, tok0 (prefill kernel)
     n_pf: int = 0
     red_split: bool = False                        # split merge: parts over 8 warps per column (reduce_split)
+    red_cols: int = NCOL                           # merge columns launched (merge_columns)
     pdl_merge: bool = False                        # the merge is a programmatic dependent launch (pdl_merge)
     decode_variant: str = "per_head"               # the decode kernel this plan launches
     decode_variant_note: str = ""                  # why a requested "paged" fell back
@@ -735,9 +752,12 @@ class AttentionPlan:
             if self.n_red:
                 r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"],
                                             self.red_split), self.device_id)
-                grid = (self.n_red, self.ny, NCOL) if self.red_split else (self.n_red, self.ny)
+                # the columns with a query row only (merge_columns): a CTA per column of the
+                # split form, a warp per column of the other
+                nc = self.red_cols
+                grid = (self.n_red, self.ny, nc) if self.red_split else (self.n_red, self.ny)
                 launch = L.launch_dependent if self.pdl_merge else L.launch
-                launch(r, grid, (NCOL * 32,), (
+                launch(r, grid, ((NCOL if self.red_split else nc) * 32,), (
                     L.ptr(out), L.ptr(self.ws_o), L.ptr(self.ws_ml), L.ptr(self.red_items),
                     L.ptr(query_start_loc), L.i32(self.num_kv_heads), L.i32(self.num_q_heads),
                     L.i32(self.hpc), L.i32(self.tpc),
@@ -1315,6 +1335,7 @@ def plan_paged_attention(q, kv_cache, block_table, seq_lens, query_start_loc, kv
         items=items_d, red_items=red_d, n_items=len(items), n_red=len(red), n_parts=n_parts,
         ws_o=ws_o, ws_ml=ws_ml, device_id=dev, pf_items=pf_d, n_pf=len(pf_items),
         red_split=reduce_split(len(red), ny, _device_props(dev)[0]),
+        red_cols=merge_columns(red, qlen_dec, hpc, tpc),
         pdl_merge=bool(len(red)) and pdl_merge(dev),
         decode_variant=variant, decode_variant_note=note, paged_smem=paged_smem, paged_nbuf=nbuf,
         paged_halves=nh if variant == "paged" else 1,
