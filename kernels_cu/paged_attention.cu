@@ -495,12 +495,14 @@ __device__ __forceinline__ void store_acc_columns(float* ow, const float (&acc)[
 
 // The output columns that hold a query row: column n is query head n % hpc of token tok0 + n / hpc,
 // so the columns with a row are a prefix of the NCOL — hpc of them per token, min(tpc, Lq − tok0)
-// tokens. A decode item (Lq = 1) at G = 4 has 4 of 8 (9 / 3 heads: 3). The decode epilogues skip
-// the others (no partial written) and the merge has no warp or CTA for them (its launch is cut to
-// the plan's red_cols, kvlab/cuda/attention.py): docs/perf-notes.md "Session 43". The measurement
-// build -DKVLAB_DECODE_ALL_COLUMNS finishes all NCOL (the kernels of sessions 1-42, for A/B).
+// tokens. A decode item (Lq = 1) at G = 4 has 4 of 8 (9 / 3 heads: 3). The default build still
+// finishes all NCOL: a partial stored for every column, and a merge warp for each. The candidate
+// build -DKVLAB_DECODE_QUERY_COLUMNS finishes only the columns with a row (no partial written for
+// the others) and its merge has no warp or CTA for them (the plan's red_cols,
+// kvlab/cuda/attention.py). It is not the default because no GPU has run it yet: session 43 got no
+// device. Its prediction and A/B command are in docs/perf-notes.md "Session 43".
 __device__ __forceinline__ int query_columns(int tok0, int hpc, int tpc, int Lq) {
-#ifdef KVLAB_DECODE_ALL_COLUMNS
+#ifndef KVLAB_DECODE_QUERY_COLUMNS
   return NCOL;
 #else
   const int toks = Lq - tok0 < tpc ? Lq - tok0 : tpc;
@@ -1305,7 +1307,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #endif
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
-#ifdef KVLAB_DECODE_ALL_COLUMNS
+#ifndef KVLAB_DECODE_QUERY_COLUMNS
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
 #else
   // a column without a query row has no partials (query_columns): its warp (SPLIT: its whole CTA,
