@@ -1223,7 +1223,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncthreads();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // the columns with a query row
+  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // NCOL (default) or the columns with a row
   for (int n = warp; n < ncol; n += NW) {
     float M = m_sm[0][n];
 #pragma unroll
@@ -2121,7 +2121,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncwarp();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // the columns with a query row
+  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // NCOL (default) or the columns with a row
   if constexpr (NH == 1) {
     for (int n = 0; n < ncol; ++n) {
       const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];
