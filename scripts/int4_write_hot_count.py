@@ -21,11 +21,8 @@ from __future__ import annotations
 import argparse
 import collections
 import io
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -58,12 +55,8 @@ def compile_sass(src: str, expr: str, arch: str) -> tuple[str, int, str]:
                             log_stream=log)
     regs = int(re.search(r"Used (\d+) registers", log.getvalue()).group(1))
     spill = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", log.getvalue())
-    with tempfile.TemporaryDirectory() as td:
-        path = os.path.join(td, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(loader._pad_elf(cubin))
-        sass = subprocess.run([sass_stats.find_nvdisasm(), "-c", path], capture_output=True, text=True,
-                              check=True).stdout
+    sass_stats.find_nvdisasm()   # exits with the install hint when there is none
+    sass = loader.disassemble(loader._pad_elf(cubin))
     return sass, regs, f"spills {spill.group(1)}/{spill.group(2)} B" if spill else "spills ?"
 
 

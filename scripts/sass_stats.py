@@ -18,11 +18,8 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -116,13 +113,9 @@ def main() -> None:
     ap.add_argument("--dump", help="write the full SASS here")
     args = ap.parse_args()
     arch = args.arch or loader.family_arch(args.family) or "sm_90"
+    find_nvdisasm()   # exits with the install hint before the compile when there is none
     cubin, demangled, regs = compile_cubin(args.family, args.filters, arch)
-    with tempfile.TemporaryDirectory() as td:
-        path = os.path.join(td, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        sass = subprocess.run([find_nvdisasm(), "-c", path],
-                              capture_output=True, text=True, check=True).stdout
+    sass = loader.disassemble(cubin)
     if args.dump:
         Path(args.dump).write_text(sass)
     report(parse(sass), demangled, args.top, regs)

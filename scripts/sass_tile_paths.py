@@ -22,16 +22,14 @@ mbarrier try-wait is counted once).
 from __future__ import annotations
 
 import collections
-import os
 import re
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from kvlab.cuda import loader  # noqa: E402
 from sass_stats import compile_cubin, find_nvdisasm  # noqa: E402
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?);")
@@ -105,11 +103,8 @@ def report(name: str, func_sass: str) -> None:
 def main() -> None:
     filters = sys.argv[1:]
     cubin, demangled, _ = compile_cubin("paged_prefill_wgmma", filters, "sm_90a")
-    with tempfile.TemporaryDirectory() as td:
-        path = os.path.join(td, "k.cubin")
-        with open(path, "wb") as f:
-            f.write(cubin)
-        sass = subprocess.run([find_nvdisasm(), "-c", path], capture_output=True, text=True, check=True).stdout
+    find_nvdisasm()   # exits with the install hint when there is none
+    sass = loader.disassemble(cubin)
     for f in re.split(r"\n\s*\.text\.", sass)[1:]:
         fn = f.split(":")[0].strip()
         report(demangled.get(fn, fn), f)
