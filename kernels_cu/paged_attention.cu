@@ -495,14 +495,14 @@ __device__ __forceinline__ void store_acc_columns(float* ow, const float (&acc)[
 
 // The output columns that hold a query row: column n is query head n % hpc of token tok0 + n / hpc,
 // so the columns with a row are a prefix of the NCOL — hpc of them per token, min(tpc, Lq − tok0)
-// tokens. A decode item (Lq = 1) at G = 4 has 4 of 8 (9 / 3 heads: 3). The default build still
-// finishes all NCOL: a partial stored for every column, and a merge warp for each. The candidate
-// build -DKVLAB_DECODE_QUERY_COLUMNS finishes only the columns with a row (no partial written for
-// the others) and its merge has no warp or CTA for them (the plan's red_cols,
-// kvlab/cuda/attention.py). It is not the default because no GPU has run it yet: session 43 got no
-// device. Its prediction and A/B command are in docs/perf-notes.md "Session 43".
+// tokens. A decode item (Lq = 1) at G = 4 has 4 of 8 (9 / 3 heads: 3). Only those are finished:
+// no partial is written for the others, and the merge has no warp or CTA for them (the plan's
+// red_cols, kvlab/cuda/attention.py). That saves half the epilogue stores at 32 / 8 heads and
+// doubles the merge CTAs per SM (128 threads, not 256): on an H100, -0.6 … -1.6 µs at batch 32 ×
+// 8k, -2.4 … -3.7 µs at 64 × 4k (docs/perf-notes.md "Session 44"). -DKVLAB_DECODE_ALL_COLUMNS
+// builds the previous default, which finishes and merges all NCOL.
 __device__ __forceinline__ int query_columns(int tok0, int hpc, int tpc, int Lq) {
-#ifndef KVLAB_DECODE_QUERY_COLUMNS
+#ifdef KVLAB_DECODE_ALL_COLUMNS
   return NCOL;
 #else
   const int toks = Lq - tok0 < tpc ? Lq - tok0 : tpc;
@@ -1223,7 +1223,7 @@ paged_attention_decode(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncthreads();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // NCOL (default) or the columns with a row
+  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // the columns with a row (ALL_COLUMNS: NCOL)
   for (int n = warp; n < ncol; n += NW) {
     float M = m_sm[0][n];
 #pragma unroll
@@ -1307,7 +1307,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #endif
   const int tok = tok0 + n / hpc;
   const bool valid = (n < tpc * hpc) && (tok < Lq);
-#ifndef KVLAB_DECODE_QUERY_COLUMNS
+#ifdef KVLAB_DECODE_ALL_COLUMNS
   if (SPLIT && !valid) return;   // the whole CTA (n = blockIdx.z), before its __syncthreads
 #else
   // a column without a query row has no partials (query_columns): its warp (SPLIT: its whole CTA,
@@ -2121,7 +2121,7 @@ paged_attention_decode_paged(const T* __restrict__ q, T* __restrict__ out,
   }
   __syncwarp();
   const float vfac = (FMT == NVFP4) ? 128.f * v_scale : (FMT == FP8) ? FP8_V_OUT : 1.f;
-  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // NCOL (default) or the columns with a row
+  const int ncol = query_columns(tok0, hpc, tpc, Lq);   // the columns with a row (ALL_COLUMNS: NCOL)
   if constexpr (NH == 1) {
     for (int n = 0; n < ncol; ++n) {
       const float M = mo_sm[warp][n], Ls = lo_sm[warp][n];

@@ -405,14 +405,14 @@ def test_reduce_split_choice(monkeypatch):
 
 @pytest.mark.parametrize("group", [1, 2, 3, 4, 6, 8])
 def test_merge_columns_are_the_query_rows(group, monkeypatch):
-    """The candidate build -DKVLAB_DECODE_QUERY_COLUMNS (session 43) launches the merge columns that
-    have a query row and no more: column n is query head n % hpc of token tok0 + n // hpc, so a
-    decode batch (one token per sequence) needs hpc of the 8 and a longer query min(tpc, rows
-    left) · hpc. Counted here by enumerating the columns on random items, as the kernels' validity
-    test does (n < tpc·hpc and tok0 + n // hpc < Lq). The default build launches 8."""
+    """The default build (since session 44) launches the merge columns that have a query row and no
+    more: column n is query head n % hpc of token tok0 + n // hpc, so a decode batch (one token per
+    sequence) needs hpc of the 8 and a longer query min(tpc, rows left) · hpc. Counted here by
+    enumerating the columns on random items, as the kernels' validity test does (n < tpc·hpc and
+    tok0 + n // hpc < Lq). The build -DKVLAB_DECODE_ALL_COLUMNS launches 8."""
     from kvlab.cuda.attention import NCOL, heads_per_column_group, merge_columns
 
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-DKVLAB_DECODE_QUERY_COLUMNS")
+    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS", raising=False)
     hpc = heads_per_column_group(group)
     tpc = NCOL // hpc
     rng = np.random.default_rng(1000 + group)
@@ -428,7 +428,7 @@ def test_merge_columns_are_the_query_rows(group, monkeypatch):
         if trial % 2 == 0:
             assert want == hpc   # decode: one token, hpc query heads
     assert merge_columns(np.zeros((0, 4), np.int32), np.ones(3, np.int64), hpc, tpc) == NCOL
-    monkeypatch.delenv("KVLAB_NVRTC_OPTIONS")
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", "-lineinfo -DKVLAB_DECODE_ALL_COLUMNS")
     assert merge_columns(np.array([[0, 0, 0, 2]], np.int32), np.ones(1, np.int64), hpc, tpc) == NCOL
 
 

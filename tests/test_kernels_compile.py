@@ -504,7 +504,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_SCALE_X2",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS -DKVLAB_NO_E2M1_SELECT",
-                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS -DKVLAB_DECODE_QUERY_COLUMNS"]
+                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS -DKVLAB_DECODE_ALL_COLUMNS"]
 
 
 @pytest.mark.parametrize("arch, opts", [("sm_90", ""), ("sm_80", "")] +
@@ -528,9 +528,9 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_FP8_CONTIGUOUS (fp8 rows read as consecutive bytes, not interleaved words) together
     with session 35's -DKVLAB_NO_E2M1_SELECT (E2M1 byte words by mask-and-or, not bit-selects) and with
     -DKVLAB_DECODE_KV_SPLIT (session 20's staged layout: a stage's K side, then its V side; since
-    session 21 a staged chunk keeps its K and V rows together, one bulk copy per block) and with session
-    43's candidate -DKVLAB_DECODE_QUERY_COLUMNS (only the columns with a query row finished and merged;
-    built together with -DKVLAB_DECODE_MERGE_TWOPASS, session 28's merge order); the int4 and nvfp4
+    session 21 a staged chunk keeps its K and V rows together, one bulk copy per block) and with
+    -DKVLAB_DECODE_ALL_COLUMNS (every one of the 8 output columns finished and merged, the default
+    until session 44; built together with -DKVLAB_DECODE_MERGE_TWOPASS, session 28's merge order); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM), and so do the
     dual-ring CTAs of every quantized format (one CTA of 16 warps per SM, session 17)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)

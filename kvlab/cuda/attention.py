@@ -541,15 +541,14 @@ def merge_columns(red: np.ndarray, qlen: np.ndarray, hpc: int, tpc: int) -> int:
     """Output columns the split merge launches per (item, column group): the most that any of the
     reduction items ``red`` (int32 rows seq, tok0, part0, nparts) has with a query row. Column n is
     query head ``n % hpc`` of token ``tok0 + n // hpc``, so those are a prefix of the ``NCOL``:
-    ``min(tpc, qlen[seq] - tok0) · hpc`` (``qlen``: each sequence's query length). That count is
-    used only by the candidate build ``-DKVLAB_DECODE_QUERY_COLUMNS``: a decode batch at 32 / 8 heads
-    (hpc = 4, one token) then merges 4 columns, not 8, and its decode kernels write no partials
-    for the others (``query_columns`` in paged_attention.cu). The default build finishes and
-    merges all ``NCOL`` and gets ``NCOL``: the candidate has not run on a GPU yet
-    (docs/perf-notes.md "Session 43")."""
+    ``min(tpc, qlen[seq] - tok0) · hpc`` (``qlen``: each sequence's query length). A decode batch
+    at 32 / 8 heads (hpc = 4, one token) merges 4 columns, not 8, and its decode kernels write no
+    partials for the others (``query_columns`` in paged_attention.cu; docs/perf-notes.md
+    "Session 44" for what that gained). The build ``-DKVLAB_DECODE_ALL_COLUMNS`` finishes and
+    merges all ``NCOL`` (the default before session 44) and gets ``NCOL``."""
     from .loader import user_options
 
-    if len(red) == 0 or "-DKVLAB_DECODE_QUERY_COLUMNS" not in user_options():
+    if len(red) == 0 or "-DKVLAB_DECODE_ALL_COLUMNS" in user_options():
         return NCOL
     toks = np.minimum(tpc, np.asarray(qlen)[red[:, 0]] - red[:, 1])
     return int(min(NCOL, max(1, int(toks.max()) * hpc)))
