@@ -753,8 +753,8 @@ class AttentionPlan:
             if self.n_red:
                 r = get_kernel(_reduce_spec(d, t, self.fmt_code == FORMAT_CODES["int4_per_token_head"],
                                             self.red_split), self.device_id)
-                # red_cols columns (merge_columns: all NCOL, or in the candidate build only those
-                # with a query row): a CTA per column of the split form, a warp per column of the other
+                # the columns with a query row only (merge_columns; -DKVLAB_DECODE_ALL_COLUMNS: all
+                # NCOL): a CTA per column of the split form, a warp per column of the other
                 nc = self.red_cols
                 grid = (self.n_red, self.ny, nc) if self.red_split else (self.n_red, self.ny)
                 launch = L.launch_dependent if self.pdl_merge else L.launch
