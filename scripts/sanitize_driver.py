@@ -17,6 +17,7 @@ import torch
 
 import kvlab
 from kvlab.cuda import hadamard, nibble
+from kvlab.cuda.attention import plan_paged_attention
 
 cupy.cuda.set_allocator(None)
 cupy.cuda.set_pinned_memory_allocator(None)
@@ -90,14 +91,27 @@ def main() -> int:
                 L = nb2 * bs - 3
                 kv = t(rng.standard_normal((L, H, d)), torch.bfloat16)
                 kvlab.reshape_and_cache(kv, kv, cache2, t(np.arange(L, dtype=np.int64)), fmt)
-                qd = t(rng.standard_normal((2, H * 3, d)), torch.bfloat16)
-                for variant, dual in (("per_head", "0"), ("paged", "0"), ("paged", "1")):
-                    os.environ["KVLAB_DECODE_VARIANT"] = variant
-                    os.environ["KVLAB_DECODE_PAGED_DUAL"] = dual
-                    kvlab.paged_attention(qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
-                                          t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
+                # G = 3 and G = 4 query heads per KV head: 3 or 4 of a column group's 8 columns have
+                # a query row, so the merge's warps (or CTAs) of the others return before
+                # griddepcontrol.wait; both merge forms (split: parts over 8 warps; one warp per
+                # column: the form of large batches, forced here with KVLAB_DECODE_MERGE_SPLIT=0)
+                for G in (3, 4):
+                    qd = t(rng.standard_normal((2, H * G, d)), torch.bfloat16)
+                    for split in ("1", "0"):
+                        os.environ["KVLAB_DECODE_MERGE_SPLIT"] = split
+                        for variant, dual in (("per_head", "0"), ("paged", "0"), ("paged", "1")):
+                            os.environ["KVLAB_DECODE_VARIANT"] = variant
+                            os.environ["KVLAB_DECODE_PAGED_DUAL"] = dual
+                            args = (qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
+                                    t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
+                            kvlab.paged_attention(*args)
+                            if variant == "paged" and dual == "1":   # the log shows the merge ran
+                                plan = plan_paged_attention(*args)
+                                step(f"  split-KV G={G} {variant} dual: {plan.n_red} merge items, "
+                                     f"{'split' if plan.red_split else 'warp-per-column'} form")
                 os.environ.pop("KVLAB_DECODE_VARIANT")
                 os.environ.pop("KVLAB_DECODE_PAGED_DUAL")
+                os.environ.pop("KVLAB_DECODE_MERGE_SPLIT")
     torch.cuda.synchronize()
     step("ring probe (measurement tool)")
     from kvlab.cuda.ring_probe import THREADS, RingConfig, chunk_offsets, stream, tensor_rows
