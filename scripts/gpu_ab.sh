@@ -16,6 +16,7 @@
 #                                      to what the deadline leaves
 #   BENCH_ENV='KVLAB_BENCH_PREFILL_VARIANTS=wgmma'   extra environment for every bench
 #   SANITIZE=1                         scripts/sanitize.sh (every kernel, 4 tools) alongside TESTS
+#   SANITIZE_ENV='$NVRTC135'           its environment (eval'd, as an entry's environment field)
 #   PROFILE_PREFILL='int4_per_token_head auto nvfp4@-DKVLAB_WGMMA_ROWGROUP'   Nsight Compute over one
 #                                      wgmma prefill launch per entry (scripts/profile_prefill.py; FORMAT
 #                                      or FORMAT@OPTIONS, options comma-separated), after the benches:
@@ -67,7 +68,9 @@ if [ -n "${PRE:-}" ]; then
 fi
 pids=()
 if [ -n "${SANITIZE:-}" ]; then
-  ( OUT="$OUT/sanitize" timeout "${T_SANITIZE:-400}" bash scripts/sanitize.sh > "$OUT/sanitize.txt" 2>&1
+  # shellcheck disable=SC2086
+  ( eval "env ${SANITIZE_ENV:-} OUT=\"\$OUT/sanitize\" timeout ${T_SANITIZE:-400} bash scripts/sanitize.sh" \
+      > "$OUT/sanitize.txt" 2>&1
     echo "sanitize rc=$?" >> "$OUT/sanitize.txt" ) &
   pids+=($!)
 fi
