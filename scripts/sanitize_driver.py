@@ -95,6 +95,8 @@ def main() -> int:
                 # a query row, so the merge's warps (or CTAs) of the others return before
                 # griddepcontrol.wait; both merge forms (split: parts over 8 warps; one warp per
                 # column: the form of large batches, forced here with KVLAB_DECODE_MERGE_SPLIT=0)
+                index = (t(np.stack([np.arange(nb2)] * 2).astype(np.int32)), t(np.array([L, L - 100], np.int32)),
+                         t(np.array([0, 1, 2], np.int32)))
                 for G in (3, 4):
                     qd = t(rng.standard_normal((2, H * G, d)), torch.bfloat16)
                     for split in ("1", "0"):
@@ -102,13 +104,11 @@ def main() -> int:
                         for variant, dual in (("per_head", "0"), ("paged", "0"), ("paged", "1")):
                             os.environ["KVLAB_DECODE_VARIANT"] = variant
                             os.environ["KVLAB_DECODE_PAGED_DUAL"] = dual
-                            args = (qd, cache2, t(np.stack([np.arange(nb2)] * 2).astype(np.int32)),
-                                    t(np.array([L, L - 100], np.int32)), t(np.array([0, 1, 2], np.int32)), fmt)
-                            kvlab.paged_attention(*args)
-                            if variant == "paged" and dual == "1":   # the log shows the merge ran
-                                plan = plan_paged_attention(*args)
-                                step(f"  split-KV G={G} {variant} dual: {plan.n_red} merge items, "
-                                     f"{'split' if plan.red_split else 'warp-per-column'} form")
+                            kvlab.paged_attention(qd, cache2, *index, fmt)
+                        # the log shows which merge form ran (the plan of the last variant)
+                        plan = plan_paged_attention(qd, cache2, *index, fmt)
+                        step(f"  split-KV G={G}: {plan.n_red} merge items, "
+                             f"{'split' if plan.red_split else 'warp-per-column'} form")
                 os.environ.pop("KVLAB_DECODE_VARIANT")
                 os.environ.pop("KVLAB_DECODE_PAGED_DUAL")
                 os.environ.pop("KVLAB_DECODE_MERGE_SPLIT")
