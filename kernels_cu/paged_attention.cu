@@ -510,6 +510,46 @@ __device__ __forceinline__ int query_columns(int tok0, int hpc, int tpc, int Lq)
 #endif
 }
 
+// A lane's E = D / 32 consecutive floats of a split partial's row (workspace ws_o: slot·D + lane·E,
+// 4·E-byte aligned — the workspace is our own allocation, 256-byte aligned, and D ≥ 64) as one
+// vector access (E = 2: 8 bytes, 4: 16, 8: two of 16) instead of E scalar ones.
+// KVLAB_DECODE_PARTIAL_VEC (candidate switch, docs/perf-notes.md "Session 47"): the decode's
+// partial stores and the merge's partial loads were E scalar 4-byte accesses per lane (SASS:
+// 4 STG.E / LDG.E.CONSTANT at d = 128, each warp instruction touching 16 sectors with 4 of every
+// 16 bytes) — 4x the memory instructions and L2 sector requests of the same bytes. The values and
+// the arithmetic are unchanged, so outputs are bit-identical. Written with the intrinsics (stores
+// st.global.cg: the merge reads them from L2 on another SM; loads ld.global.nc as before), because
+// a plain float4 store through the cast pointer came out of NVVM as four scalar stores.
+template <int E>
+__device__ __forceinline__ void store_piece(float* __restrict__ p, const float (&x)[E]) {
+  static_assert(E == 2 || E == 4 || E == 8, "a partial's row piece: 2, 4 or 8 floats");
+  if constexpr (E == 2) {
+    __stcg(reinterpret_cast<float2*>(p), make_float2(x[0], x[1]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < E / 4; ++k)
+      __stcg(reinterpret_cast<float4*>(p) + k, make_float4(x[4 * k], x[4 * k + 1], x[4 * k + 2], x[4 * k + 3]));
+  }
+}
+template <int E>
+__device__ __forceinline__ void load_piece(const float* __restrict__ p, float (&x)[E]) {
+  static_assert(E == 2 || E == 4 || E == 8, "a partial's row piece: 2, 4 or 8 floats");
+  if constexpr (E == 2) {
+    const float2 v = __ldg(reinterpret_cast<const float2*>(p));
+    x[0] = v.x;
+    x[1] = v.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < E / 4; ++k) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p) + k);
+      x[4 * k] = v.x;
+      x[4 * k + 1] = v.y;
+      x[4 * k + 2] = v.z;
+      x[4 * k + 3] = v.w;
+    }
+  }
+}
+
 // One output column n (one warp, E elements per lane, unnormalized, V factor applied) with
 // softmax max M and sum Ls: the float32 partial of split `part` at `slot`, or the final row
 // (÷ Ls, int4 inverse rotation) for a valid column.
@@ -520,9 +560,14 @@ __device__ __forceinline__ void finish_column(
     float* __restrict__ ws_o, float* __restrict__ ws_ml, int lane) {
   constexpr int E = D / 32;
   if (part >= 0) {
+#ifdef KVLAB_DECODE_PARTIAL_VEC
+    store_piece<E>(ws_o + slot * D + lane * E, x);
+    if (lane == 0) __stcg(reinterpret_cast<float2*>(ws_ml + 2 * slot), make_float2(M, Ls));
+#else
 #pragma unroll
     for (int j = 0; j < E; ++j) ws_o[slot * D + lane * E + j] = x[j];
     if (lane == 0) { ws_ml[2 * slot] = M; ws_ml[2 * slot + 1] = Ls; }
+#endif
   } else {
     const float inv = Ls > 0.f ? 1.f / Ls : 0.f;
 #pragma unroll
@@ -1315,6 +1360,18 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   // this is left for the items of a mixed batch with fewer rows than the longest.
   if (!valid) return;
 #endif
+#ifdef KVLAB_DECODE_PARTIAL_VEC
+  // The partials' addresses depend on the item only: part p of this column is slot s0 + p·step.
+  // Computed here, before the wait, and pinned there by an empty asm (NVVM sinks address
+  // arithmetic to its use, and ptxas keeps it after the wait: ~150 instructions of 64-bit slot
+  // arithmetic between ACQBULK and the first partial load in the d = 128 non-split merge).
+  const size_t step = static_cast<size_t>(gridDim.y) * NCOL;
+  const size_t s0 = (static_cast<size_t>(part0) * gridDim.y + blockIdx.y) * NCOL + n;
+  const float* o_base = ws_o + s0 * D + lane * E;        // this lane's piece of part 0's row
+  const float* ml_base = ws_ml + 2 * s0;                 // part 0's (m, l)
+  const float* ml_lane = ml_base + 2 * step * lane;      // part `lane`'s (m, l)
+  asm volatile("" : "+l"(o_base), "+l"(ml_base), "+l"(ml_lane));
+#endif
   KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
 #ifdef KVLAB_DECODE_MERGE_PROBE
   // measurement only, wrong outputs (docs/perf-notes.md "Session 28"): the merge launched and
@@ -1335,6 +1392,24 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #else
   constexpr int RU = 8;
 #endif
+#ifdef KVLAB_DECODE_PARTIAL_VEC
+  // one vector load per part (load_piece) from o_base + p·step·D; a padding part (past nparts)
+  // reads nothing (predicated off, so its address may lie past the workspace)
+  auto load_run = [&](int p0, float (&mp)[RU], float (&o)[RU][E]) {
+    const float* src = o_base + static_cast<size_t>(p0) * step * D;
+    const float* mls = ml_base + static_cast<size_t>(p0) * step * 2;
+#pragma unroll
+    for (int u = 0; u < RU; ++u) {
+      mp[u] = NEG_BIG;
+#pragma unroll
+      for (int j = 0; j < E; ++j) o[u][j] = 0.f;
+      if (p0 + u < nparts) {
+        mp[u] = __ldg(mls + static_cast<size_t>(u) * step * 2);
+        load_piece<E>(src + static_cast<size_t>(u) * step * D, o[u]);
+      }
+    }
+  };
+#else
   auto load_run = [&](int p0, float (&mp)[RU], float (&o)[RU][E]) {
 #pragma unroll
     for (int u = 0; u < RU; ++u) {
@@ -1346,6 +1421,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
       for (int j = 0; j < E; ++j) o[u][j] = in ? src[j] : 0.f;
     }
   };
+#endif
 #ifndef KVLAB_DECODE_MERGE_TWOPASS
   // the warp's first run of RU parts (m and o rows) is loaded before the (m, l) pass, so both are
   // in flight together — one L2 round trip fewer per column (a column of at most RU parts, B = 32
@@ -1366,8 +1442,14 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #pragma unroll
     for (int u = 0; u < PL; ++u) {
       const int p = b + 32 * u + lane;
+#ifdef KVLAB_DECODE_PARTIAL_VEC
+      const float2 v = p < nparts
+          ? __ldg(reinterpret_cast<const float2*>(ml_lane + static_cast<size_t>(b + 32 * u) * step * 2))
+          : make_float2(NEG_BIG, 0.f);
+#else
       const float2 v = p < nparts ? *reinterpret_cast<const float2*>(ws_ml + 2 * slot_of(p))
                                   : make_float2(NEG_BIG, 0.f);
+#endif
       mm[u] = v.x;
       ll[u] = v.y;
     }

@@ -504,7 +504,8 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_SCALE_X2",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS -DKVLAB_NO_E2M1_SELECT",
-                        "-DKVLAB_DECODE_KV_SPLIT", "-DKVLAB_DECODE_MERGE_TWOPASS -DKVLAB_DECODE_ALL_COLUMNS"]
+                        "-DKVLAB_DECODE_KV_SPLIT -DKVLAB_DECODE_PARTIAL_VEC",
+                        "-DKVLAB_DECODE_MERGE_TWOPASS -DKVLAB_DECODE_ALL_COLUMNS"]
 
 
 @pytest.mark.parametrize("arch, opts", [("sm_90", ""), ("sm_80", "")] +
@@ -528,7 +529,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     -DKVLAB_DECODE_FP8_CONTIGUOUS (fp8 rows read as consecutive bytes, not interleaved words) together
     with session 35's -DKVLAB_NO_E2M1_SELECT (E2M1 byte words by mask-and-or, not bit-selects) and with
     -DKVLAB_DECODE_KV_SPLIT (session 20's staged layout: a stage's K side, then its V side; since
-    session 21 a staged chunk keeps its K and V rows together, one bulk copy per block) and with
+    session 21 a staged chunk keeps its K and V rows together, one bulk copy per block) together with
+    session 47's -DKVLAB_DECODE_PARTIAL_VEC (the split partials stored and loaded as vectors) and with
     -DKVLAB_DECODE_ALL_COLUMNS (every one of the 8 output columns finished and merged, the default
     until session 44; built together with -DKVLAB_DECODE_MERGE_TWOPASS, session 28's merge order); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM), and so do the
@@ -611,7 +613,8 @@ def _reduce_ptx(monkeypatch, opts):
     return funcs
 
 
-@pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False)])
+@pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False),
+                                         ("-DKVLAB_DECODE_PARTIAL_VEC", True)])
 def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
     """The split merge loads its work item (one 16-byte row) and its sequence's two query offsets
     with strong loads (ld.relaxed.gpu) before griddepcontrol.wait, in every instantiation (session 41:
@@ -629,6 +632,47 @@ def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
             assert before.count("ld.relaxed.gpu.global.b32") == 2, f[:80]
         else:
             assert "ld.relaxed.gpu" not in f, f[:80]
+
+
+@pytest.mark.parametrize("vec", [False, True])
+def test_partials_as_vectors_ptx(monkeypatch, vec):
+    """-DKVLAB_DECODE_PARTIAL_VEC (session 47's candidate; docs/perf-notes.md "Session 47"): the
+    split merge loads a part's row piece (E = D / 32 floats per lane) with one ld.global.nc.v4.f32
+    (d = 256: two) instead of E scalar loads, and the decode epilogue stores it with
+    st.global.cg.v4.f32 (d = 64: the v2 forms). The default build keeps the scalar accesses (the
+    default SASS is unchanged). A build that lost the vectors — NVVM splits a plain float4 store
+    through a cast pointer into four scalar stores, which is why the switch uses the intrinsics —
+    fails here."""
+    opts = "-DKVLAB_DECODE_PARTIAL_VEC" if vec else ""
+    for f in _reduce_ptx(monkeypatch, opts):
+        d = int(re.match(r"_Z\d+paged_attention_reduceILi(\d+)E", f).group(1))
+        after = f[f.index("griddepcontrol.wait;"):]
+        E, W = d // 32, (2 if d == 64 else 4)
+        scalar = len(re.findall(r"ld\.global\.nc\.f32", after))
+        vector = len(re.findall(rf"ld\.global\.nc\.v{W}\.f32", after))
+        ml_pass = 8   # the (m, l) pass: PL = 8 float2 loads (v2, counted with d = 64's rows)
+        # two load_run sites (the first run before the (m, l) pass, the loop), RU = 8 parts each:
+        # 16 scalar loads of a part's m; the row pieces E scalars each, or E / W vectors each
+        if vec:
+            assert scalar == 16 and vector == 16 * E // W + (ml_pass if W == 2 else 0), (f[:70], scalar, vector)
+        else:
+            assert scalar == 16 * (1 + E) and vector == (ml_pass if W == 2 else 0), (f[:70], scalar, vector)
+    import io
+
+    from cupy.cuda import compiler
+
+    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
+    for d, width in ((64, "v2"), (128, "v4")):
+        expr = f"paged_attention_decode_paged<1, {d}, __nv_bfloat16, 2>"
+        prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
+                                      name_expressions=[expr], method="ptx")
+        ptx, _ = prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
+        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        stores = re.findall(r"st\.global(\.cg)?(\.v[24])?\.f32", ptx)
+        if vec:
+            assert (".cg", f".{width}") in stores and ("", "") not in stores, (d, stores)
+        else:
+            assert ("", "") in stores and (".cg", f".{width}") not in stores, (d, stores)
 
 
 def test_merge_reads_its_inputs_before_the_wait_sass(monkeypatch):
