@@ -513,11 +513,14 @@ __device__ __forceinline__ int query_columns(int tok0, int hpc, int tpc, int Lq)
 // A lane's E = D / 32 consecutive floats of a split partial's row (workspace ws_o: slot·D + lane·E,
 // 4·E-byte aligned — the workspace is our own allocation, 256-byte aligned, and D ≥ 64) as one
 // vector access (E = 2: 8 bytes, 4: 16, 8: two of 16) instead of E scalar ones.
-// KVLAB_DECODE_PARTIAL_VEC (candidate switch, docs/perf-notes.md "Session 47"): the decode's
+// The default since session 47 (docs/perf-notes.md "Session 47"): until then the decode's
 // partial stores and the merge's partial loads were E scalar 4-byte accesses per lane (SASS:
 // 4 STG.E / LDG.E.CONSTANT at d = 128, each warp instruction touching 16 sectors with 4 of every
 // 16 bytes) — 4x the memory instructions and L2 sector requests of the same bytes. The values and
-// the arithmetic are unchanged, so outputs are bit-identical. Written with the intrinsics (stores
+// the arithmetic are unchanged, so outputs are bit-identical. Measured with the merge's addresses
+// before its wait (below), H100, three A/B pairs: every quantized paged decode faster, B = 32 × 8k
+// −0.1 … −0.9 µs, 64 × 4k −0.3 … −0.7, batch 1 × 128k −0.9 … −1.2. -DKVLAB_DECODE_PARTIAL_SCALAR
+// builds the scalar accesses and the merge's late address arithmetic (A/B). Written with the intrinsics (stores
 // st.global.cg: the merge reads them from L2 on another SM; loads ld.global.nc as before), because
 // a plain float4 store through the cast pointer came out of NVVM as four scalar stores.
 template <int E>
@@ -560,7 +563,7 @@ __device__ __forceinline__ void finish_column(
     float* __restrict__ ws_o, float* __restrict__ ws_ml, int lane) {
   constexpr int E = D / 32;
   if (part >= 0) {
-#ifdef KVLAB_DECODE_PARTIAL_VEC
+#ifndef KVLAB_DECODE_PARTIAL_SCALAR
     store_piece<E>(ws_o + slot * D + lane * E, x);
     if (lane == 0) __stcg(reinterpret_cast<float2*>(ws_ml + 2 * slot), make_float2(M, Ls));
 #else
@@ -1360,7 +1363,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   // this is left for the items of a mixed batch with fewer rows than the longest.
   if (!valid) return;
 #endif
-#ifdef KVLAB_DECODE_PARTIAL_VEC
+#ifndef KVLAB_DECODE_PARTIAL_SCALAR
   // The partials' addresses depend on the item only: part p of this column is slot s0 + p·step.
   // Computed here, before the wait, and pinned there by an empty asm (NVVM sinks address
   // arithmetic to its use, and ptxas keeps it after the wait: ~150 instructions of 64-bit slot
@@ -1392,7 +1395,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #else
   constexpr int RU = 8;
 #endif
-#ifdef KVLAB_DECODE_PARTIAL_VEC
+#ifndef KVLAB_DECODE_PARTIAL_SCALAR
   // one vector load per part (load_piece) from o_base + p·step·D; a padding part (past nparts)
   // reads nothing (predicated off, so its address may lie past the workspace)
   auto load_run = [&](int p0, float (&mp)[RU], float (&o)[RU][E]) {
@@ -1442,7 +1445,7 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
 #pragma unroll
     for (int u = 0; u < PL; ++u) {
       const int p = b + 32 * u + lane;
-#ifdef KVLAB_DECODE_PARTIAL_VEC
+#ifndef KVLAB_DECODE_PARTIAL_SCALAR
       const float2 v = p < nparts
           ? __ldg(reinterpret_cast<const float2*>(ml_lane + static_cast<size_t>(b + 32 * u) * step * 2))
           : make_float2(NEG_BIG, 0.f);

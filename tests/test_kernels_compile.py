@@ -504,7 +504,7 @@ DECODE_SWITCH_BUILDS = ["-DKVLAB_DECODE_NO_STAGE", "-DKVLAB_DECODE_NO_STAGE_NVFP
                         "-DKVLAB_DECODE_NO_PDL -DKVLAB_DECODE_NO_ITEM_META -DKVLAB_DECODE_DUAL_CTA_BARRIER",
                         "-DKVLAB_DECODE_NO_PACKED_E2M1 -DKVLAB_DECODE_INT8_V_PRMT -DKVLAB_DECODE_NO_SCALE_X2",
                         "-DKVLAB_DECODE_DUAL_JOINT_STAGING", "-DKVLAB_DECODE_FP8_CONTIGUOUS -DKVLAB_NO_E2M1_SELECT",
-                        "-DKVLAB_DECODE_KV_SPLIT -DKVLAB_DECODE_PARTIAL_VEC",
+                        "-DKVLAB_DECODE_KV_SPLIT -DKVLAB_DECODE_PARTIAL_SCALAR",
                         "-DKVLAB_DECODE_MERGE_TWOPASS -DKVLAB_DECODE_ALL_COLUMNS"]
 
 
@@ -530,7 +530,8 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     with session 35's -DKVLAB_NO_E2M1_SELECT (E2M1 byte words by mask-and-or, not bit-selects) and with
     -DKVLAB_DECODE_KV_SPLIT (session 20's staged layout: a stage's K side, then its V side; since
     session 21 a staged chunk keeps its K and V rows together, one bulk copy per block) together with
-    session 47's -DKVLAB_DECODE_PARTIAL_VEC (the split partials stored and loaded as vectors) and with
+    -DKVLAB_DECODE_PARTIAL_SCALAR (the split partials stored and loaded as scalars, the default until
+    session 47) and with
     -DKVLAB_DECODE_ALL_COLUMNS (every one of the 8 output columns finished and merged, the default
     until session 44; built together with -DKVLAB_DECODE_MERGE_TWOPASS, session 28's merge order); the int4 and nvfp4
     paged kernels stay within their 128-register budget (2 CTAs of 8 warps per SM), and so do the
@@ -614,7 +615,7 @@ def _reduce_ptx(monkeypatch, opts):
 
 
 @pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False),
-                                         ("-DKVLAB_DECODE_PARTIAL_VEC", True)])
+                                         ("-DKVLAB_DECODE_PARTIAL_SCALAR", True)])
 def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
     """The split merge loads its work item (one 16-byte row) and its sequence's two query offsets
     with strong loads (ld.relaxed.gpu) before griddepcontrol.wait, in every instantiation (session 41:
@@ -636,14 +637,14 @@ def test_merge_reads_its_inputs_before_the_wait_ptx(monkeypatch, opts, early):
 
 @pytest.mark.parametrize("vec", [False, True])
 def test_partials_as_vectors_ptx(monkeypatch, vec):
-    """-DKVLAB_DECODE_PARTIAL_VEC (session 47's candidate; docs/perf-notes.md "Session 47"): the
-    split merge loads a part's row piece (E = D / 32 floats per lane) with one ld.global.nc.v4.f32
-    (d = 256: two) instead of E scalar loads, and the decode epilogue stores it with
-    st.global.cg.v4.f32 (d = 64: the v2 forms). The default build keeps the scalar accesses (the
-    default SASS is unchanged). A build that lost the vectors — NVVM splits a plain float4 store
-    through a cast pointer into four scalar stores, which is why the switch uses the intrinsics —
+    """The split partials as vectors (the default since session 47; docs/perf-notes.md "Session
+    47"): the split merge loads a part's row piece (E = D / 32 floats per lane) with one
+    ld.global.nc.v4.f32 (d = 256: two) instead of E scalar loads, and the decode epilogue stores it
+    with st.global.cg.v4.f32 (d = 64: the v2 forms). -DKVLAB_DECODE_PARTIAL_SCALAR keeps the scalar
+    accesses of sessions 1-46. A build that lost the vectors — NVVM splits a plain float4 store
+    through a cast pointer into four scalar stores, which is why the kernels use the intrinsics —
     fails here."""
-    opts = "-DKVLAB_DECODE_PARTIAL_VEC" if vec else ""
+    opts = "" if vec else "-DKVLAB_DECODE_PARTIAL_SCALAR"
     for f in _reduce_ptx(monkeypatch, opts):
         d = int(re.match(r"_Z\d+paged_attention_reduceILi(\d+)E", f).group(1))
         after = f[f.index("griddepcontrol.wait;"):]
