@@ -81,6 +81,17 @@ def is_contiguous(x) -> bool:
     return bool(x.flags.c_contiguous)
 
 
+def data_address(x) -> int:
+    """Address of the first element (device address for CuPy / torch CUDA, host address for NumPy
+    and torch CPU): what a kernel's vector loads need aligned."""
+    k = kind(x)
+    if k == "cupy":
+        return int(x.data.ptr)
+    if k in ("torch", "torch_cpu"):
+        return int(x.data_ptr())
+    return int(np.asarray(x).__array_interface__["data"][0])
+
+
 def device_id(x):
     """GPU ordinal for CuPy/torch CUDA arrays, ``None`` for host arrays."""
     k = kind(x)

@@ -28,7 +28,20 @@ def test_fitting_arrays_pass():
     _plan().check_run_args(q, cache, out=np.empty_like(q))
 
 
+def _off16(a, off):
+    """A C-contiguous copy of ``a`` whose data starts ``off`` bytes past a 16-byte boundary."""
+    buf = np.empty(a.nbytes + 32, np.uint8)
+    start = (-buf.ctypes.data) % 16 + off
+    v = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
+    v[...] = a
+    assert v.flags.c_contiguous and v.ctypes.data % 16 == off
+    return v
+
+
 @pytest.mark.parametrize("bad, match", [
+    (lambda q, c: (_off16(q, 2), c, None), r"^q: its data must start on a 16-byte boundary .* starts 2 bytes"),
+    (lambda q, c: (q, c, _off16(np.empty_like(q), 8)), r"^out: its data must start on a 16-byte boundary"),
+    (lambda q, c: (q, _off16(c, 4), None), r"^kv_cache: its data must start on a 16-byte boundary .* 4 bytes"),
     (lambda q, c: (q[:4], c, None), r"^q: this plan was built for shape \(5, 8, 128\)"),
     (lambda q, c: (q.astype(np.float32), c, None), r"^q: this plan was built for dtype float16, got float32"),
     (lambda q, c: (np.asfortranarray(q), c, None), r"^q: must be contiguous"),
