@@ -91,6 +91,17 @@ def check_array(
         raise ValueError(f"{name}: expected a C-contiguous array, got strides of a non-contiguous view")
 
 
+def check_aligned16(x, name: str) -> None:
+    """``x``'s data must start on a 16-byte boundary: the kernels read (and copy) it in 16-byte
+    vectors, and a misaligned address would stop them with a fault that leaves the CUDA context
+    unusable. Every allocation is aligned; a contiguous view that begins mid-row need not be."""
+    off = arrays.data_address(x) % 16
+    if off:
+        raise ValueError(f"{name}: its data must start on a 16-byte boundary (the kernels read it in "
+                         f"16-byte vectors and bulk copies); this array starts {off} bytes past one, "
+                         f"e.g. a view that begins mid-row: pass a copy")
+
+
 def check_last_dim_in(x, name: str, sizes: Sequence[int]) -> None:
     s = np.shape(x) if isinstance(x, np.ndarray) else arrays.shape(x)
     if len(s) < 1 or s[-1] not in tuple(sizes):

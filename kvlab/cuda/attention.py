@@ -73,7 +73,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import arrays, validate
+from .. import arrays, checks, validate
 from ..formats.base import CacheFormat
 from . import launch as L
 from .loader import KernelSpec, get_kernel, register
@@ -638,18 +638,6 @@ def _resident_ctas(spec, device_id) -> int:
     return n_sm * ctas_per_sm(int(kernel.num_regs), NW, int(kernel.shared_size_bytes), smem_sm)
 
 
-def _check_aligned(a, name: str) -> None:
-    """The attention kernels read q in 16-byte vectors and copy the cache's blocks with bulk copies
-    (16-byte aligned addresses): an array whose data starts off a 16-byte boundary — a contiguous
-    view that begins mid-row, say — would stop the kernel with a misaligned-address fault, which
-    leaves the CUDA context unusable. Raises ``ValueError`` first."""
-    off = arrays.data_address(a) % 16
-    if off:
-        raise ValueError(f"{name}: its data must start on a 16-byte boundary (the kernels read it in "
-                         f"16-byte vectors and bulk copies); this array starts {off} bytes past one, "
-                         f"e.g. a view that begins mid-row: pass a copy")
-
-
 @dataclass
 class AttentionPlan:
     """Work list and launch parameters of one paged-attention call (see module docstring)."""
@@ -693,9 +681,9 @@ class AttentionPlan:
 
     def check_run_args(self, q, kv_cache, out=None):
         """Cheap checks that ``q``/``kv_cache``/``out`` fit this plan — shape, dtype, contiguity,
-        data on a 16-byte boundary (``_check_aligned``), device (a plan is built for one batch layout
-        and format and reused for every layer: the index arrays are the caller's promise, their
-        contents are not re-read). Raises ``TypeError``/``ValueError``."""
+        data on a 16-byte boundary (``checks.check_aligned16``), device (a plan is built for one
+        batch layout and format and reused for every layer: the index arrays are the caller's
+        promise, their contents are not re-read). Raises ``TypeError``/``ValueError``."""
         want_q = (self.num_tokens, self.num_q_heads, self.head_size)
         for name, a in (("q", q), ("out", out)):
             if a is None:
@@ -706,14 +694,14 @@ class AttentionPlan:
                 raise TypeError(f"{name}: this plan was built for dtype {self.q_dtype}, got {arrays.dtype_name(a)}")
             if not arrays.is_contiguous(a):
                 raise ValueError(f"{name}: must be contiguous")
-            _check_aligned(a, name)
+            checks.check_aligned16(a, name)
             if arrays.device_id(a) != self.device_id:
                 raise ValueError(f"{name}: this plan was built for device {self.device_id}, got {arrays.device_id(a)}")
         cs = arrays.shape(kv_cache)
         if len(cs) != 5 or cs[1:4] != (2, self.block_size, self.num_kv_heads):
             raise ValueError(f"kv_cache: this plan was built for (num_blocks, 2, {self.block_size}, "
                              f"{self.num_kv_heads}, row), got shape {cs}")
-        _check_aligned(kv_cache, "kv_cache")
+        checks.check_aligned16(kv_cache, "kv_cache")
         if arrays.device_id(kv_cache) != self.device_id:
             raise ValueError(f"kv_cache: this plan was built for device {self.device_id}, "
                              f"got {arrays.device_id(kv_cache)}")

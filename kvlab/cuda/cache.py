@@ -135,11 +135,14 @@ def _rows(x):
           and int(L.ptr(x)) % 16 == 0)
     if ok:
         return x, st[0] if T > 1 else H * d
+    # always a fresh allocation: .contiguous() / ascontiguousarray return a contiguous view as it
+    # is, and one that starts off a 16-byte boundary would then reach the kernel's 16-byte loads
     if arrays.kind(x) == "torch":
-        x = x.contiguous()
+        import torch
+        x = x.clone(memory_format=torch.contiguous_format)
     else:
         import cupy
-        x = cupy.ascontiguousarray(x)
+        x = cupy.array(x, copy=True, order="C")
     return x, H * d
 
 

@@ -37,6 +37,7 @@ def _check(x, name: str):
         raise TypeError(f"{name}: kvlab.cuda.hadamard takes CuPy arrays or torch CUDA tensors; "
                         "use kvlab.reference.hadamard for NumPy")
     checks.check_last_dim_in(x, name, SUPPORTED_HEAD_SIZES)
+    checks.check_aligned16(x, name)   # 16-byte row vectors
 
 
 def launch_rows(x, out, mode: str) -> None:

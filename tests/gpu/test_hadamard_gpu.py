@@ -114,3 +114,8 @@ def test_errors_name_the_argument():
         gpu.wht(cupy.zeros((64, 8), dtype=cupy.float32).T)         # non-contiguous
     with pytest.raises(TypeError, match="x"):
         gpu.rht(np.zeros((4, 64), dtype=np.float32))               # host array
+    flat = cupy.ones(4 * 64 + 8, dtype=cupy.float16)
+    with pytest.raises(ValueError, match=r"^x: its data must start on a 16-byte boundary"):
+        gpu.rht(flat[1:1 + 4 * 64].reshape(4, 64))                 # contiguous, 2 bytes off
+    # and the device is still usable afterwards (no kernel ran on the misaligned view)
+    assert float(gpu.wht(flat[8:8 + 4 * 64].reshape(4, 64)).astype(cupy.float32)[0, 0]) == 64.0

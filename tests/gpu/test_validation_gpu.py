@@ -63,6 +63,11 @@ def test_paged_attention_rejects_out_of_range_block_table():
         kvlab.paged_attention(q[:, :3], cache, bt * 0, sl, qsl, "int4_per_token_head")
     with pytest.raises(TypeError, match="q: expected dtype"):
         kvlab.paged_attention(q.to(torch.int32), cache, bt * 0, sl, qsl, "int4_per_token_head")
+    buf = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)
+    q_off = buf[1:1 + q.numel()].view(q.shape)   # contiguous, 2 bytes past a 16-byte boundary
+    q_off.copy_(q)
+    with pytest.raises(ValueError, match="q: its data must start on a 16-byte boundary"):
+        kvlab.paged_attention(q_off, cache, bt * 0, sl, qsl, "int4_per_token_head")
     torch.cuda.synchronize()
     assert torch.equal(cache, before)
 
