@@ -26,11 +26,14 @@ class CacheDims:
 
 
 def check_kv_cache(kv_cache, fmt: CacheFormat, name: str = "kv_cache") -> CacheDims:
-    """A cache of ``fmt``: 5-D ``(num_blocks, 2, block_size, num_kv_heads, last)``, C-contiguous."""
+    """A cache of ``fmt``: 5-D ``(num_blocks, 2, block_size, num_kv_heads, last)``, C-contiguous;
+    on the GPU its data on a 16-byte boundary (a NumPy cache, read by the references, need not be)."""
     if fmt.stores_model_dtype:
         checks.check_array(kv_cache, name, dtypes=checks.FLOAT_DTYPES, ndim=5, contiguous=True)
     else:
         checks.check_array(kv_cache, name, dtypes=("uint8",), ndim=5, contiguous=True)
+    if arrays.kind(kv_cache) in ("cupy", "torch"):
+        checks.check_aligned16(kv_cache, name)   # the kernels' 16-byte rows and bulk copies
     s = arrays.shape(kv_cache)
     if s[1] != 2:
         raise ValueError(f"{name}: dimension 1 must be 2 (K, V), got shape {s}")

@@ -19,6 +19,17 @@ def _setup(fmt="int4_per_token_head", T=5, H=2, d=64, nb=4, bs=16):
     return key, val, cache, slots
 
 
+def _off16(x, off=4):
+    """A contiguous copy of the torch CUDA tensor ``x`` whose data starts ``off`` bytes past a
+    16-byte boundary (a view into a larger buffer)."""
+    n = x.numel() * x.element_size()
+    buf = torch.empty(n + 32, device=x.device, dtype=torch.uint8)
+    v = buf[off:off + n].view(x.dtype).view(x.shape)
+    v.copy_(x)
+    assert v.is_contiguous() and v.data_ptr() % 16 == off
+    return v
+
+
 WRITE_CASES = [
     (lambda k, v, c, s: dict(key=k.float()), TypeError, "value: expected dtype in"),
     (lambda k, v, c, s: dict(key=k[0]), ValueError, "key: expected 3 dimensions"),
@@ -31,6 +42,7 @@ WRITE_CASES = [
     (lambda k, v, c, s: dict(kv_cache=c[:, :, :, :, :-4].contiguous()), ValueError, "kv_cache"),
     (lambda k, v, c, s: dict(kv_cache=c[..., ::2]), ValueError, "kv_cache: expected a C-contiguous"),
     (lambda k, v, c, s: dict(k_scale=-1.0), ValueError, "k_scale"),
+    (lambda k, v, c, s: dict(kv_cache=_off16(c)), ValueError, "kv_cache: its data must start on a 16-byte boundary"),
 ]
 
 
