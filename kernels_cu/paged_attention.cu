@@ -520,9 +520,10 @@ __device__ __forceinline__ int query_columns(int tok0, int hpc, int tpc, int Lq)
 // the arithmetic are unchanged, so outputs are bit-identical. Measured with the merge's addresses
 // before its wait (below), H100, three A/B pairs: every quantized paged decode faster, B = 32 × 8k
 // −0.1 … −0.9 µs, 64 × 4k −0.3 … −0.7, batch 1 × 128k −0.9 … −1.2. -DKVLAB_DECODE_PARTIAL_SCALAR
-// builds the scalar accesses and the merge's late address arithmetic (A/B). Written with the intrinsics (stores
-// st.global.cg: the merge reads them from L2 on another SM; loads ld.global.nc as before), because
-// a plain float4 store through the cast pointer came out of NVVM as four scalar stores.
+// builds the scalar accesses and the merge's late address arithmetic (A/B). Written with the
+// intrinsics (stores st.global.cg: the merge reads them from L2 on another SM; loads ld.global.nc
+// as before), because a plain float4 store through the cast pointer came out of NVVM as four
+// scalar stores.
 template <int E>
 __device__ __forceinline__ void store_piece(float* __restrict__ p, const float (&x)[E]) {
   static_assert(E == 2 || E == 4 || E == 8, "a partial's row piece: 2, 4 or 8 floats");
@@ -1373,7 +1374,9 @@ paged_attention_reduce(T* __restrict__ out, const float* __restrict__ ws_o,
   const float* o_base = ws_o + s0 * D + lane * E;        // this lane's piece of part 0's row
   const float* ml_base = ws_ml + 2 * s0;                 // part 0's (m, l)
   const float* ml_lane = ml_base + 2 * step * lane;      // part `lane`'s (m, l)
+#ifndef KVLAB_DECODE_MERGE_LATE_INPUTS   // (that A/B build keeps its item loads after the wait)
   asm volatile("" : "+l"(o_base), "+l"(ml_base), "+l"(ml_lane));
+#endif
 #endif
   KVLAB_PDL_WAIT();   // the decode grid's partials: everything above reads only inputs
 #ifdef KVLAB_DECODE_MERGE_PROBE

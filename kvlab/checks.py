@@ -92,13 +92,14 @@ def check_array(
 
 
 def check_aligned16(x, name: str) -> None:
-    """``x``'s data must start on a 16-byte boundary: the kernels read (and copy) it in 16-byte
-    vectors, and a misaligned address would stop them with a fault that leaves the CUDA context
-    unusable. Every allocation is aligned; a contiguous view that begins mid-row need not be."""
+    """``x``'s data must start on a 16-byte boundary: the kernels load, store or bulk-copy it in
+    16-byte pieces (q and the cache are read so, the prefill's output rows written so), and a
+    misaligned address would stop them with a fault that leaves the CUDA context unusable. Every
+    allocation is aligned; a contiguous view that begins mid-row need not be."""
     off = arrays.data_address(x) % 16
     if off:
-        raise ValueError(f"{name}: its data must start on a 16-byte boundary (the kernels read it in "
-                         f"16-byte vectors and bulk copies); this array starts {off} bytes past one, "
+        raise ValueError(f"{name}: its data must start on a 16-byte boundary (the kernels access it "
+                         f"in 16-byte vectors or bulk copies); this array starts {off} bytes past one, "
                          f"e.g. a view that begins mid-row: pass a copy")
 
 
