@@ -597,21 +597,26 @@ def _reduce_exprs():
     return exprs
 
 
-def _reduce_ptx(monkeypatch, opts):
-    """PTX text of every split-merge instantiation (sm_90) built with ``KVLAB_NVRTC_OPTIONS=opts``,
-    cut into one piece per kernel."""
+def _paged_attention_ptx(monkeypatch, opts, exprs):
+    """PTX text (sm_90) of the paged_attention instantiations ``exprs`` built with
+    ``KVLAB_NVRTC_OPTIONS=opts``, cut into one piece per kernel."""
     import io
 
     from cupy.cuda import compiler
 
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
-                                  name_expressions=_reduce_exprs(), method="ptx")
+                                  name_expressions=exprs, method="ptx")
     ptx, _ = prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
     ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
     funcs = re.split(r"\n\.(?:weak|visible) \.entry ", ptx)[1:]
-    assert len(funcs) == 24
+    assert len(funcs) == len(exprs)
     return funcs
+
+
+def _reduce_ptx(monkeypatch, opts):
+    """PTX text of every split-merge instantiation (sm_90), one piece per kernel."""
+    return _paged_attention_ptx(monkeypatch, opts, _reduce_exprs())
 
 
 @pytest.mark.parametrize("opts, early", [("", True), ("-DKVLAB_DECODE_MERGE_LATE_INPUTS", False),
@@ -658,17 +663,8 @@ def test_partials_as_vectors_ptx(monkeypatch, vec):
             assert scalar == 16 and vector == 16 * E // W + (ml_pass if W == 2 else 0), (f[:70], scalar, vector)
         else:
             assert scalar == 16 * (1 + E) and vector == (ml_pass if W == 2 else 0), (f[:70], scalar, vector)
-    import io
-
-    from cupy.cuda import compiler
-
-    monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
     for d, width in ((64, "v2"), (128, "v4")):
-        expr = f"paged_attention_decode_paged<1, {d}, __nv_bfloat16, 2>"
-        prog = compiler._NVRTCProgram(loader.read_source("paged_attention"), "paged_attention.cu",
-                                      name_expressions=[expr], method="ptx")
-        ptx, _ = prog.compile(loader.compile_options() + ("-arch=sm_90",), log_stream=io.StringIO())
-        ptx = ptx.decode() if isinstance(ptx, bytes) else ptx
+        ptx, = _paged_attention_ptx(monkeypatch, opts, [f"paged_attention_decode_paged<1, {d}, __nv_bfloat16, 2>"])
         stores = re.findall(r"st\.global(\.cg)?(\.v[24])?\.f32", ptx)
         if vec:
             assert (".cg", f".{width}") in stores and ("", "") not in stores, (d, stores)

@@ -35,3 +35,26 @@ def to_host(x) -> np.ndarray:
     import cupy
 
     return cupy.asnumpy(x)
+
+
+def off_boundary(x, off: int = 2):
+    """A C-contiguous copy of the device array ``x`` (torch CUDA or CuPy) whose data starts ``off``
+    bytes past a 16-byte boundary — a view into a larger buffer, as a caller's slice of a flat
+    tensor can be (the input checks and copies for the kernels' 16-byte accesses)."""
+    if torch is not None and isinstance(x, torch.Tensor):
+        n = x.numel() * x.element_size()
+        buf = torch.empty(n + 32, device=x.device, dtype=torch.uint8)
+        v = buf[off:off + n].view(x.dtype).view(x.shape)
+        v.copy_(x)
+        assert v.is_contiguous()
+        addr = v.data_ptr()
+    else:
+        import cupy
+
+        buf = cupy.empty(x.nbytes + 32, dtype=cupy.uint8)
+        v = buf[off:off + x.nbytes].view(x.dtype).reshape(x.shape)
+        v[...] = x
+        assert v.flags.c_contiguous
+        addr = v.data.ptr
+    assert addr % 16 == off
+    return v

@@ -14,7 +14,7 @@ import kvlab
 from kvlab.reference import cache as ref_cache
 from kvlab.reference.nibble import unpack_nibbles
 
-from tests.gpu.device_arrays import NP_DTYPES, to_dev, to_host
+from tests.gpu.device_arrays import NP_DTYPES, off_boundary, to_dev, to_host
 
 pytestmark = pytest.mark.gpu
 
@@ -102,33 +102,8 @@ def compare_int4(got, want, mask, d, dtype_name):
         assert frac_bytes <= 0.01, f"{frac_bytes:.3%} of written bytes differ (SPEC: >= 99% equal)"
 
 
-def off_boundary_dev(x, kind):
-    """``x`` on the device as a C-contiguous view whose data starts one element (2 bytes) past a
-    16-byte boundary: a view into a larger buffer, as a caller's slice of a flat tensor would be."""
-    flat = to_dev(np.ascontiguousarray(x).reshape(-1), kind)
-    n = x.size
-    if kind == "torch":
-        import torch
-
-        buf = torch.empty(n + 8, dtype=flat.dtype, device=flat.device)
-        v = buf[1:1 + n]
-        v.copy_(flat)
-        v = v.view(x.shape)
-        addr = v.data_ptr()
-    else:
-        import cupy
-
-        buf = cupy.empty(n + 8, dtype=flat.dtype)
-        v = buf[1:1 + n]
-        v[...] = flat
-        v = v.reshape(x.shape)
-        addr = v.data.ptr
-    assert addr % 16 == x.itemsize
-    return v
-
-
 def run_case(rng, fmt, d, dtype_name, kind, H=None, block_size=None, k_scale=1.0, v_scale=1.0,
-             slot_dtype=np.int64, strided=False, off_boundary=False):
+             slot_dtype=np.int64, strided=False, misaligned=False):
     H = int(rng.integers(1, 9)) if H is None else H
     block_size = int(rng.choice([16, 32])) if block_size is None else block_size
     num_blocks = int(rng.integers(6, 12))
@@ -147,8 +122,8 @@ def run_case(rng, fmt, d, dtype_name, kind, H=None, block_size=None, k_scale=1.0
     if strided:
         qkv_d = to_dev(qkv, kind)
         kd, vd = qkv_d[:, H:2 * H], qkv_d[:, 2 * H:]
-    elif off_boundary:
-        kd, vd = off_boundary_dev(key, kind), off_boundary_dev(value, kind)
+    elif misaligned:   # contiguous, 2 bytes past a 16-byte boundary
+        kd, vd = off_boundary(to_dev(key, kind)), off_boundary(to_dev(value, kind))
     else:
         kd, vd = to_dev(key, kind), to_dev(value, kind)
     cd = to_dev(cache0, kind)
@@ -232,7 +207,7 @@ def test_contiguous_inputs_off_a_16_byte_boundary(rng, fmt_name, kind, dtype_nam
     copy was .contiguous() / ascontiguousarray, which return a contiguous view unchanged, and
     the kernel got the misaligned address)."""
     fmt = kvlab.get_format(fmt_name)
-    got, want, mask, d = run_case(rng, fmt, 128, dtype_name, kind, off_boundary=True)
+    got, want, mask, d = run_case(rng, fmt, 128, dtype_name, kind, misaligned=True)
     if fmt_name == "int4_per_token_head":
         compare_int4(got, want, mask, d, dtype_name)
     else:

@@ -5,6 +5,8 @@ import pytest
 
 import kvlab
 
+from tests.gpu.device_arrays import off_boundary
+
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
 
@@ -19,17 +21,6 @@ def _setup(fmt="int4_per_token_head", T=5, H=2, d=64, nb=4, bs=16):
     return key, val, cache, slots
 
 
-def _off16(x, off=4):
-    """A contiguous copy of the torch CUDA tensor ``x`` whose data starts ``off`` bytes past a
-    16-byte boundary (a view into a larger buffer)."""
-    n = x.numel() * x.element_size()
-    buf = torch.empty(n + 32, device=x.device, dtype=torch.uint8)
-    v = buf[off:off + n].view(x.dtype).view(x.shape)
-    v.copy_(x)
-    assert v.is_contiguous() and v.data_ptr() % 16 == off
-    return v
-
-
 WRITE_CASES = [
     (lambda k, v, c, s: dict(key=k.float()), TypeError, "value: expected dtype in"),
     (lambda k, v, c, s: dict(key=k[0]), ValueError, "key: expected 3 dimensions"),
@@ -42,7 +33,7 @@ WRITE_CASES = [
     (lambda k, v, c, s: dict(kv_cache=c[:, :, :, :, :-4].contiguous()), ValueError, "kv_cache"),
     (lambda k, v, c, s: dict(kv_cache=c[..., ::2]), ValueError, "kv_cache: expected a C-contiguous"),
     (lambda k, v, c, s: dict(k_scale=-1.0), ValueError, "k_scale"),
-    (lambda k, v, c, s: dict(kv_cache=_off16(c)), ValueError, "kv_cache: its data must start on a 16-byte boundary"),
+    (lambda k, v, c, s: dict(kv_cache=off_boundary(c, 4)), ValueError, "kv_cache: its data must start on a 16-byte boundary"),
 ]
 
 
@@ -75,11 +66,8 @@ def test_paged_attention_rejects_out_of_range_block_table():
         kvlab.paged_attention(q[:, :3], cache, bt * 0, sl, qsl, "int4_per_token_head")
     with pytest.raises(TypeError, match="q: expected dtype"):
         kvlab.paged_attention(q.to(torch.int32), cache, bt * 0, sl, qsl, "int4_per_token_head")
-    buf = torch.empty(q.numel() + 8, device="cuda", dtype=q.dtype)
-    q_off = buf[1:1 + q.numel()].view(q.shape)   # contiguous, 2 bytes past a 16-byte boundary
-    q_off.copy_(q)
     with pytest.raises(ValueError, match="q: its data must start on a 16-byte boundary"):
-        kvlab.paged_attention(q_off, cache, bt * 0, sl, qsl, "int4_per_token_head")
+        kvlab.paged_attention(off_boundary(q), cache, bt * 0, sl, qsl, "int4_per_token_head")
     torch.cuda.synchronize()
     assert torch.equal(cache, before)
 
