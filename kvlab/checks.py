@@ -92,10 +92,11 @@ def check_array(
 
 
 def check_aligned16(x, name: str) -> None:
-    """``x``'s data must start on a 16-byte boundary: the kernels load, store or bulk-copy it in
-    16-byte pieces (q and the cache are read so, the prefill's output rows written so), and a
-    misaligned address would stop them with a fault that leaves the CUDA context unusable. Every
-    allocation is aligned; a contiguous view that begins mid-row need not be."""
+    """``x``'s data must start on a 16-byte boundary, for kernels that access it only in 16-byte
+    pieces (a paged cache's rows and bulk copies, the RHT's rows): a misaligned address would stop
+    them with a fault that leaves the CUDA context unusable. Every allocation is aligned; a
+    contiguous view that begins mid-row need not be. (The attention kernels' ``q`` and ``out`` have
+    element-wise paths and are not checked; the write copies such key / value rows, ``cuda.cache``.)"""
     off = arrays.data_address(x) % 16
     if off:
         raise ValueError(f"{name}: its data must start on a 16-byte boundary (the kernels access it "

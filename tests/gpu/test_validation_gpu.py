@@ -66,8 +66,8 @@ def test_paged_attention_rejects_out_of_range_block_table():
         kvlab.paged_attention(q[:, :3], cache, bt * 0, sl, qsl, "int4_per_token_head")
     with pytest.raises(TypeError, match="q: expected dtype"):
         kvlab.paged_attention(q.to(torch.int32), cache, bt * 0, sl, qsl, "int4_per_token_head")
-    with pytest.raises(ValueError, match="q: its data must start on a 16-byte boundary"):
-        kvlab.paged_attention(off_boundary(q), cache, bt * 0, sl, qsl, "int4_per_token_head")
+    with pytest.raises(ValueError, match="kv_cache: its data must start on a 16-byte boundary"):
+        kvlab.paged_attention(q, off_boundary(cache, 4), bt * 0, sl, qsl, "int4_per_token_head")
     torch.cuda.synchronize()
     assert torch.equal(cache, before)
 
