@@ -5,6 +5,7 @@ import pytest
 
 import kvlab
 from kvlab.cuda.attention import AttentionPlan
+from tests.gpu.device_arrays import off_boundary
 
 
 def _plan(**kw):
@@ -28,29 +29,19 @@ def test_fitting_arrays_pass():
     _plan().check_run_args(q, cache, out=np.empty_like(q))
 
 
-def _off16(a, off):
-    """A C-contiguous copy of ``a`` whose data starts ``off`` bytes past a 16-byte boundary."""
-    buf = np.empty(a.nbytes + 32, np.uint8)
-    start = (-buf.ctypes.data) % 16 + off
-    v = buf[start:start + a.nbytes].view(a.dtype).reshape(a.shape)
-    v[...] = a
-    assert v.flags.c_contiguous and v.ctypes.data % 16 == off
-    return v
-
-
 def test_q_and_out_off_a_16_byte_boundary_pass():
     """Every attention kernel reads q and writes out element-wise when their base is off a 16-byte
     boundary (the GPU tests test_decode_unaligned_q and test_queries_and_output_off_16_byte_boundaries
     run them), so only the cache, whose rows are bulk-copied, must be aligned."""
     q, cache = _args()
-    qq, out = _off16(q, 2), _off16(np.empty_like(q), 8)
+    qq, out = off_boundary(q, 2), off_boundary(np.empty_like(q), 8)
     _plan().check_run_args(qq, cache, out=out)
     with pytest.raises(ValueError, match=r"^kv_cache: its data must start on a 16-byte boundary"):
-        _plan().check_run_args(qq, _off16(cache, 2), out=out)
+        _plan().check_run_args(qq, off_boundary(cache, 2), out=out)
 
 
 @pytest.mark.parametrize("bad, match", [
-    (lambda q, c: (q, _off16(c, 4), None), r"^kv_cache: its data must start on a 16-byte boundary .* 4 bytes"),
+    (lambda q, c: (q, off_boundary(c, 4), None), r"^kv_cache: its data must start on a 16-byte boundary .* 4 bytes"),
     (lambda q, c: (q[:4], c, None), r"^q: this plan was built for shape \(5, 8, 128\)"),
     (lambda q, c: (q.astype(np.float32), c, None), r"^q: this plan was built for dtype float16, got float32"),
     (lambda q, c: (np.asfortranarray(q), c, None), r"^q: must be contiguous"),

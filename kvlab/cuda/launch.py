@@ -17,12 +17,9 @@ from .. import arrays
 
 
 def ptr(x) -> np.uint64:
-    """Device pointer of a CuPy array or torch CUDA tensor."""
-    k = arrays.kind(x)
-    if k == "cupy":
-        return np.uint64(x.data.ptr)
-    if k == "torch":
-        return np.uint64(x.data_ptr())
+    """Device pointer of a CuPy array or torch CUDA tensor (``arrays.data_address``, device kinds only)."""
+    if arrays.kind(x) in ("cupy", "torch"):
+        return np.uint64(arrays.data_address(x))
     raise TypeError(f"expected a CuPy array or torch CUDA tensor, got {type(x).__name__}")
 
 

@@ -38,9 +38,16 @@ def to_host(x) -> np.ndarray:
 
 
 def off_boundary(x, off: int = 2):
-    """A C-contiguous copy of the device array ``x`` (torch CUDA or CuPy) whose data starts ``off``
-    bytes past a 16-byte boundary — a view into a larger buffer, as a caller's slice of a flat
-    tensor can be (the input checks and copies for the kernels' 16-byte accesses)."""
+    """A C-contiguous copy of ``x`` (torch CUDA, CuPy or NumPy) whose data starts ``off`` bytes past
+    a 16-byte boundary — a view into a larger buffer, as a caller's slice of a flat tensor can be
+    (the input checks and copies for the kernels' 16-byte accesses)."""
+    if isinstance(x, np.ndarray):   # host buffers need not start on a 16-byte boundary themselves
+        buf = np.empty(x.nbytes + 32, np.uint8)
+        start = (-buf.ctypes.data) % 16 + off
+        v = buf[start:start + x.nbytes].view(x.dtype).reshape(x.shape)
+        v[...] = x
+        assert v.flags.c_contiguous and v.ctypes.data % 16 == off
+        return v
     if torch is not None and isinstance(x, torch.Tensor):
         n = x.numel() * x.element_size()
         buf = torch.empty(n + 32, device=x.device, dtype=torch.uint8)
