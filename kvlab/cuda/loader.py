@@ -9,9 +9,10 @@
 * Template instantiations form a closed list per family (:class:`KernelSpec`),
   compiled through ``name_expressions``; the module is cached per device.
 * :func:`compile_family_offline` drives NVRTC for an explicit ``sm_XX`` without a
-  GPU (CI, ``python -m kvlab check``) and reports registers and spills; its reports are kept
-  on disk keyed on every input NVRTC sees, so the same build is compiled once (the check, then
-  the test suite), and any edit compiles afresh.
+  GPU (CI, ``python -m kvlab check``) and reports registers and spills; its reports and its
+  cubin are kept on disk keyed on every input NVRTC sees, so the same build is compiled once (the
+  check, then the test suite's spill and SASS tests, :func:`offline_cubin`), and any edit
+  compiles afresh.
 * A family registered with a fixed ``arch`` (``register(..., arch="sm_90a")``: the wgmma
   prefill kernel, whose ``wgmma``/``setmaxnreg`` instructions exist only for the
   architecture-specific target) is not built through ``cupy.RawModule``, which always adds
@@ -268,20 +269,27 @@ def _pad_elf(b: bytes) -> bytes:
 
 
 def offline_cubin(family: str, exprs: list, arch: str, extra: tuple = ()) -> tuple[bytes, dict, str]:
-    """NVRTC -> cubin of the instantiations ``exprs`` of ``family`` for ``arch``, without a GPU and
-    without a cache: the loader's options (``KVLAB_NVRTC_OPTIONS`` included), ``-ftz=true`` as at run
-    time, then ``extra``. Returns (the cubin, padded as ``_pad_elf`` does; name expression -> lowered
-    name; the compile log, where ``extra`` has ``--ptxas-options=-v`` the ptxas report). For the SASS
-    tools (``scripts/sass_stats.py``) and the SASS tests."""
-    import io
+    """NVRTC -> cubin of the instantiations ``exprs`` of ``family`` for ``arch``, without a GPU: the
+    loader's options (``KVLAB_NVRTC_OPTIONS`` included), ``-ftz=true`` as at run time, then
+    ``extra``. Returns (the cubin, padded as ``_pad_elf`` does; name expression -> lowered name; the
+    compile log, where ``extra`` has ``--ptxas-options=-v`` the ptxas report). For the SASS tools
+    (``scripts/sass_stats.py``) and the SASS tests.
 
-    from cupy.cuda import compiler
-
-    prog = compiler._NVRTCProgram(read_source(family), f"{family}.cu", name_expressions=exprs, method="cubin")
-    log = io.StringIO()
-    cubin, mapping = prog.compile(compile_options() + (f"-arch={arch}", "-ftz=true") + tuple(extra),
-                                  log_stream=log)
-    return _pad_elf(cubin), dict(mapping or {}), log.getvalue()
+    Disk-cached like :func:`compile_family_offline`'s reports, under the same key (every input NVRTC
+    sees), so a build with ``extra=("--ptxas-options=-v",)`` and the family's whole instantiation
+    list is the very compile that :func:`compile_family_offline` (``kvlab check``, the spill tests)
+    already ran: answered from its cubin without a second NVRTC run. ``KVLAB_COMPILE_CACHE=0`` skips
+    the read."""
+    source = read_source(family)
+    opts = compile_options() + (f"-arch={arch}", "-ftz=true") + tuple(extra)
+    path = _cubin_cache_path(family, arch, source, opts, exprs)
+    if compile_cache_enabled():
+        hit = _load_cubin(path)
+        if hit is not None:
+            return hit
+    cubin, log, mapping = _nvrtc_compile(family, source, opts, exprs)
+    _store_cubin(path, cubin, mapping, log)
+    return cubin, mapping, log
 
 
 def nvdisasm_path() -> str | None:
@@ -398,15 +406,62 @@ def _offline_cache_path(family: str, arch: str, source: str, opts: tuple, exprs:
     return _cache_base() / "kvlab_offline" / f"{family}-{arch}-{key}.json"
 
 
-def _nvrtc_log(family: str, source: str, opts: tuple, exprs: list) -> tuple[str, dict]:
-    """NVRTC -> cubin of ``exprs`` with ``opts``: (the program log — ptxas's ``-v`` report when the
-    options ask for it —, name expression -> lowered name). Raises ``CompileException``."""
+def _nvrtc_compile(family: str, source: str, opts: tuple, exprs: list) -> tuple[bytes, str, dict]:
+    """NVRTC -> cubin of ``exprs`` with ``opts``: (the cubin, padded as ``_pad_elf`` does; the program
+    log — ptxas's ``-v`` report when the options ask for it —; name expression -> lowered name).
+    Raises ``CompileException``."""
     from cupy.cuda import compiler
 
     prog = compiler._NVRTCProgram(source, f"{family}.cu", name_expressions=exprs, method="cubin")
     log = io.StringIO()
-    _, mapping = prog.compile(opts, log_stream=log)
-    return log.getvalue(), mapping or {}
+    cubin, mapping = prog.compile(opts, log_stream=log)
+    return _pad_elf(cubin), log.getvalue(), dict(mapping or {})
+
+
+def _nvrtc_log(family: str, source: str, opts: tuple, exprs: list) -> tuple[str, dict]:
+    """(program log, name expression -> lowered name) of :func:`_nvrtc_compile`."""
+    _, log, mapping = _nvrtc_compile(family, source, opts, exprs)
+    return log, mapping
+
+
+def _cubin_cache_path(family: str, arch: str, source: str, opts: tuple, exprs: list) -> Path:
+    """Where :func:`offline_cubin` keeps a cubin: beside the reports of the same build
+    (:func:`_offline_cache_path`, same key), as ``.cubinz`` (zlib: length of the JSON header
+    (mapping, log) as 8 bytes little-endian, the header, the cubin)."""
+    return _offline_cache_path(family, arch, source, opts, exprs).with_suffix(".cubinz")
+
+
+def _store_cubin(path: Path, cubin: bytes, mapping: dict, log: str) -> None:
+    """Write one cubin entry atomically (parallel test workers may write the same one); a
+    read-only cache folder leaves it unwritten."""
+    import json
+    import zlib
+
+    head = json.dumps({"mapping": mapping, "log": log}).encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_bytes(zlib.compress(len(head).to_bytes(8, "little") + head + bytes(cubin), 1))
+        os.replace(tmp, path)
+    except OSError:
+        pass
+
+
+def _load_cubin(path: Path) -> tuple[bytes, dict, str] | None:
+    """(cubin, mapping, log) of a cubin entry, or None where it is missing or damaged."""
+    import json
+    import zlib
+
+    try:
+        raw = zlib.decompress(path.read_bytes())
+        n = int.from_bytes(raw[:8], "little")
+        head = json.loads(raw[8:8 + n])
+        cubin = raw[8 + n:]
+        if not cubin.startswith(b"\x7fELF"):
+            return None
+        return cubin, dict(head["mapping"]), str(head["log"])
+    except (OSError, ValueError, KeyError, TypeError, zlib.error):
+        return None
 
 
 def _offline_arch(family: str, arch: str | None) -> str:
@@ -456,8 +511,13 @@ def parse_ptxas_log(family: str, text: str, mapping: dict, exprs: list) -> list[
     return [r for r in reports if r.name_expression in exprs]
 
 
-def compile_family_offline(family: str, arch: str | None = None, use_cache: bool | None = None) -> list[CompileReport]:
+def compile_family_offline(family: str, arch: str | None = None, use_cache: bool | None = None,
+                           where=None) -> list[CompileReport]:
     """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
+
+    ``where``: an optional predicate on name expressions; only the instantiations it accepts are
+    compiled (the spill tests of the A/B switch builds use it: those builds are benchmarked with
+    bf16 queries only). ``ValueError`` if it accepts none.
 
     ``arch`` defaults to the family's fixed arch (:func:`family_arch`) or ``"sm_90"``; a
     fixed-arch family asked for another arch raises ``ValueError``. Raises
@@ -473,6 +533,10 @@ def compile_family_offline(family: str, arch: str | None = None, use_cache: bool
     import json
 
     arch, source, opts, exprs = offline_build(family, arch)
+    if where is not None:
+        exprs = [e for e in exprs if where(e)]
+        if not exprs:
+            raise ValueError(f"where: no instantiation of kernel family {family!r} selected")
     cache_path = _offline_cache_path(family, arch, source, opts, exprs)
     if (compile_cache_enabled() if use_cache is None else use_cache) and cache_path.is_file():
         try:
@@ -482,9 +546,11 @@ def compile_family_offline(family: str, arch: str | None = None, use_cache: bool
                 return reports
         except (OSError, ValueError, TypeError):   # unreadable or foreign: compile afresh
             pass
-    text, mapping = _nvrtc_log(family, source, opts, exprs)
+    cubin, text, mapping = _nvrtc_compile(family, source, opts, exprs)
     reports = parse_ptxas_log(family, text, mapping, exprs)
     if {r.name_expression for r in reports} == set(exprs):   # complete: worth keeping
+        # the cubin too, for offline_cubin's SASS readers of the same build (same key)
+        _store_cubin(_cubin_cache_path(family, arch, source, opts, exprs), cubin, mapping, text)
         try:
             cache_path.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache_path.with_suffix(f".{os.getpid()}.tmp")
