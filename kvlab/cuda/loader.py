@@ -440,7 +440,7 @@ def _store_cubin(path: Path, cubin: bytes, mapping: dict, log: str) -> None:
     head = json.dumps({"mapping": mapping, "log": log}).encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")   # not the reports' temporary name
         tmp.write_bytes(zlib.compress(len(head).to_bytes(8, "little") + head + bytes(cubin), 1))
         os.replace(tmp, path)
     except OSError:
