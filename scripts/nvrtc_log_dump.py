@@ -32,7 +32,7 @@ def main(argv=None) -> int:
     from kvlab.cuda import loader
 
     _, source, opts, exprs = loader.offline_build(args.family, args.arch)
-    text, mapping = loader._nvrtc_log(args.family, source, opts, exprs)
+    _, text, mapping = loader._nvrtc_compile(args.family, source, opts, exprs)
     tag = re.sub(r"[^A-Za-z0-9_=]+", "_", args.options.replace("-D", "")).strip("_") or "default"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

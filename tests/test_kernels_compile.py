@@ -430,6 +430,17 @@ def _check_ptx_build(monkeypatch, family, expr, opts, ok=True):
             build()
 
 
+def _switch_build_reports(family: str, arch: str, opts: str, switch_subset) -> list:
+    """compile_family_offline's reports of ``family`` built with ``opts``: every instantiation for
+    the default build (``opts`` empty), those ``switch_subset`` accepts for a switch build; checks
+    that exactly those were reported."""
+    where = switch_subset if opts else None
+    reports = loader.compile_family_offline(family, arch, where=where)
+    wanted = [s.name_expression() for s in loader.FAMILIES[family] if where is None or where(s.name_expression())]
+    assert wanted and sorted(r.name_expression for r in reports) == sorted(wanted)
+    return reports
+
+
 @pytest.mark.parametrize("opts", ["", "-DKVLAB_INT4_WRITE_PLAIN_TAIL", "-DKVLAB_INT4_WRITE_DIV64"])
 @pytest.mark.parametrize("arch", ["sm_90", "sm_80"])
 def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
@@ -442,11 +453,7 @@ def test_int4_write_lean_compiles_without_spills(arch, opts, monkeypatch):
     ``int4_write_uses_mma8``), so they are checked in the int4 instantiations (18 of 102; the
     default build, whole, is the check's compile)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    where = (lambda e: e.startswith("reshape_and_cache<3, ")) if opts else None
-    reports = loader.compile_family_offline("reshape_and_cache", arch, where=where)
-    specs = [s.name_expression() for s in loader.FAMILIES["reshape_and_cache"]]
-    assert sorted(r.name_expression for r in reports) == sorted(e for e in specs if where is None or where(e))
-    assert len(reports) == (len(specs) if not opts else 18)
+    reports = _switch_build_reports("reshape_and_cache", arch, opts, lambda e: e.startswith("reshape_and_cache<3, "))
     bad = spills_beyond_allowance(reports, "reshape_and_cache", arch, opts)
     assert not bad, f"spills with {opts!r} on {arch}: {bad}"
     if arch == "sm_90":
@@ -548,12 +555,7 @@ def test_decode_compiles_without_spills(arch, opts, monkeypatch):
     whole-family build costs ~85 s of NVRTC on a CI core; the bf16 half keeps CI well under its
     30 minutes (session 50)."""
     monkeypatch.setenv("KVLAB_NVRTC_OPTIONS", opts)
-    where = (lambda e: "__half" not in e) if opts else None
-    reports = loader.compile_family_offline("paged_attention", arch, where=where)
-    specs = loader.FAMILIES["paged_attention"]
-    wanted = {s.name_expression() for s in specs if where is None or where(s.name_expression())}
-    assert {r.name_expression for r in reports} == wanted
-    assert len(wanted) == (len(specs) if not opts else len(specs) // 2)
+    reports = _switch_build_reports("paged_attention", arch, opts, lambda e: "__half" not in e)
     bad = spills_beyond_allowance(reports, "paged_attention", arch, opts)
     assert not bad, f"paged_attention {opts!r} on {arch}: {bad}"
     if arch == "sm_90":

@@ -418,12 +418,6 @@ def _nvrtc_compile(family: str, source: str, opts: tuple, exprs: list) -> tuple[
     return _pad_elf(cubin), log.getvalue(), dict(mapping or {})
 
 
-def _nvrtc_log(family: str, source: str, opts: tuple, exprs: list) -> tuple[str, dict]:
-    """(program log, name expression -> lowered name) of :func:`_nvrtc_compile`."""
-    _, log, mapping = _nvrtc_compile(family, source, opts, exprs)
-    return log, mapping
-
-
 def _cubin_cache_path(family: str, arch: str, source: str, opts: tuple, exprs: list) -> Path:
     """Where :func:`offline_cubin` keeps a cubin: beside the reports of the same build
     (:func:`_offline_cache_path`, same key), as ``.cubinz`` (zlib: length of the JSON header
@@ -516,8 +510,8 @@ def compile_family_offline(family: str, arch: str | None = None, use_cache: bool
     """Compile every instantiation of ``family`` to a cubin for ``arch`` with NVRTC, no GPU needed.
 
     ``where``: an optional predicate on name expressions; only the instantiations it accepts are
-    compiled (the spill tests of the A/B switch builds use it: those builds are benchmarked with
-    bf16 queries only). ``ValueError`` if it accepts none.
+    compiled, a build of its own (the spill tests check an A/B switch build in the instantiations
+    the switch is for). ``ValueError`` if it accepts none.
 
     ``arch`` defaults to the family's fixed arch (:func:`family_arch`) or ``"sm_90"``; a
     fixed-arch family asked for another arch raises ``ValueError``. Raises
